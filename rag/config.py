@@ -1,0 +1,130 @@
+"""One frozen ``Settings`` object, built once (defaults <- TOML file <- environment).
+
+Nothing inside ``rag/`` reads globals or the environment after this: settings are passed down.
+``RAG_DATA_DIR`` moves the data directory (default ``~/.local/share/rag-desk``), so tests and
+demos can redirect everything with one variable; ``RAG_DB`` overrides the database file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rag.errors import RagError
+
+DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "rag-desk"
+CONFIG_FILE_NAME = "rag.toml"
+
+
+def data_dir() -> Path:
+    """The directory for the default database, assembled models and run files."""
+    return Path(os.environ.get("RAG_DATA_DIR", str(DEFAULT_DATA_DIR))).expanduser()
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # --- storage ---
+    db_path: Path = dataclasses.field(default_factory=lambda: data_dir() / "rag.db")  # the one SQLite file
+    collection: str = "default"  # collection used when none is named
+    # --- ingest ---
+    embedder: str = "minilm"  # "minilm" | "e5" | "auto" | path to a sentence-transformers dir
+    strategy: str = "E"  # chunking strategy A-F or R (see rag.chunking)
+    chunk_tokens: int = 0  # chunk budget in the embedder's tokens, header included; 0 = model default
+    embed_batch: int = 32  # passages per embedding call
+    # --- retrieval ---
+    candidates: int = 50  # top N taken from each branch before fusion
+    rrf_k: int = 60  # reciprocal rank fusion constant (Cormack et al. 2009)
+    top_k: int = 20  # hits returned by search
+    dense_mode: str = "binary"  # "exact" float scan or "binary" prefilter + float rescoring
+    binary_oversample: int = 8  # binary candidates per wanted hit before float rescoring
+    weight_section: float = 3.0  # FTS5 bm25() weight of the title/section-path column
+    weight_content: float = 1.0  # FTS5 bm25() weight of the content column
+    rerank: str = "none"  # "none" | "cross-encoder" | "llm"
+    rerank_model: str = ""  # local directory of a sentence-transformers CrossEncoder
+    rerank_budget_ms: float = 4000.0  # past this the reranker gives up and RRF order stands
+    rerank_depth: int = 20  # how many fused hits the reranker sees
+    # --- gate ---
+    max_distance: float = 0.675  # cosine distance above which a hit is "not close enough"
+    max_sources: int = 4  # hits kept by the gate and shown to the model
+    # --- generation ---
+    llm_path: str = ""  # a GGUF file; empty = the bundled Gemma-3-270M
+    n_ctx: int = 4096  # model context window
+    max_tokens: int = 200  # cap on generated tokens
+    temperature: float = 0.0  # greedy decoding: same question, same answer
+    seed: int = 1337  # fixed sampling seed
+    threads: int = 0  # llama.cpp threads; 0 = all cores
+    # --- verification ---
+    support_threshold: float = 0.5  # share of a sentence's content words found in its source
+    show_unsupported: bool = False  # show dropped sentences struck through instead of hiding
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (fields are validated again)."""
+        return validate(dataclasses.replace(self, **changes))
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    kind = _FIELDS[name].type
+    if kind == "Path":
+        return Path(str(raw)).expanduser()
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    if kind == "bool":
+        return raw if isinstance(raw, bool) else str(raw).lower() in {"1", "true", "yes", "on"}
+    return str(raw)
+
+
+def validate(settings: Settings) -> Settings:
+    """Reject values that would make the pipeline misbehave, with a message saying which."""
+    if settings.strategy not in {"A", "B", "C", "D", "E", "F", "R"}:
+        raise RagError(f"strategy must be one of A, B, C, D, E, F, R (got {settings.strategy!r})")
+    if settings.dense_mode not in {"exact", "binary"}:
+        raise RagError(f"dense_mode must be 'exact' or 'binary' (got {settings.dense_mode!r})")
+    if settings.rerank not in {"none", "cross-encoder", "llm"}:
+        raise RagError(f"rerank must be 'none', 'cross-encoder' or 'llm' (got {settings.rerank!r})")
+    if not 0.0 <= settings.max_distance <= 2.0:
+        raise RagError(f"max_distance must lie in [0, 2] (got {settings.max_distance})")
+    for name in ("candidates", "top_k", "max_sources", "rrf_k", "n_ctx", "max_tokens", "embed_batch"):
+        if getattr(settings, name) < 1:
+            raise RagError(f"{name} must be at least 1 (got {getattr(settings, name)})")
+    return settings
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings: defaults <- ``rag.toml`` <- ``RAG_<FIELD>`` env vars <- overrides.
+
+    ``config_file`` defaults to ``<data dir>/rag.toml``; a missing file is fine.
+    Overrides whose value is ``None`` are ignored, so CLI flags can be passed straight in.
+    """
+    values: dict[str, Any] = {}
+    path = config_file or data_dir() / CONFIG_FILE_NAME
+    if path.is_file():
+        try:
+            loaded = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise RagError(f"cannot read settings file {path}: {e}") from e
+        for key, raw in loaded.items():
+            if key not in _FIELDS:
+                raise RagError(f"unknown setting {key!r} in {path}; valid: {', '.join(sorted(_FIELDS))}")
+            values[key] = _coerce(key, raw)
+    for name in _FIELDS:
+        env = os.environ.get(f"RAG_{name.upper()}")
+        if env is not None:
+            values[name] = _coerce(name, env)
+    if "RAG_DB" in os.environ:
+        values["db_path"] = Path(os.environ["RAG_DB"]).expanduser()
+    for key, raw in overrides.items():
+        if raw is None:
+            continue
+        if key not in _FIELDS:
+            raise RagError(f"unknown setting {key!r}")
+        values[key] = _coerce(key, raw)
+    return validate(Settings(**values))

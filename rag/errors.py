@@ -1,0 +1,31 @@
+"""Named exceptions whose messages are safe to show to a user and say what to do."""
+
+from __future__ import annotations
+
+
+class RagError(Exception):
+    """Base class: the message is meant for the person using the tool."""
+
+
+class ExtensionLoadError(RagError):
+    """sqlite-vec could not be loaded into any available SQLite build."""
+
+
+class IndexMismatchError(RagError):
+    """The database was built with another embedding model (or dimension/metric)."""
+
+
+class ModelLoadError(RagError):
+    """A model file or directory is missing or unreadable."""
+
+
+class ExtractionError(RagError):
+    """A document could not be turned into text (corrupt, encrypted, empty, undecodable)."""
+
+
+class QueryError(RagError):
+    """A question or search request cannot be run as given."""
+
+
+class NotFoundError(RagError):
+    """A named collection, document or run does not exist."""

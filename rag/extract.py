@@ -1,0 +1,216 @@
+"""Extract canonical text (NFC, LF) from Markdown, plain text, HTML and PDF files.
+
+Every chunk offset and citation locator refers to the canonical text this module returns,
+which is stored in the database, so a citation can always be resolved to the exact passage.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rag.errors import ExtractionError
+from rag.models import Extracted, PageSpan
+from rag.text import nfc
+
+SUPPORTED_SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html",
+                      ".htm": "html", ".pdf": "pdf"}
+EXTRACTOR_VERSIONS = {"markdown": "1", "text": "1", "html": "1", "pdf": "1"}
+
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)?(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
+_ATX_H1 = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+
+
+def extractor_for(path: Path) -> str:
+    """The extractor name for a file, or ExtractionError naming the supported types."""
+    kind = SUPPORTED_SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise ExtractionError(
+            f"unsupported file type {path.suffix or '(no extension)'!r}; supported: "
+            + ", ".join(sorted(SUPPORTED_SUFFIXES))
+        )
+    return kind
+
+
+def decode_text(data: bytes) -> str:
+    """UTF-8 (BOM allowed) or UTF-16 with a BOM; anything else fails with the exact position."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise ExtractionError(f"invalid UTF-16 text at byte {e.start}") from e
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ExtractionError(
+            f"not UTF-8 text: invalid byte 0x{data[e.start]:02x} at offset {e.start}; re-save the file as UTF-8"
+        ) from e
+
+
+def canonical(text: str) -> str:
+    """NFC with LF line endings: the one form every offset refers to."""
+    return nfc(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def _require_text(text: str) -> None:
+    if not text.strip():
+        raise ExtractionError("the file holds no text (empty or whitespace only)")
+
+
+def _title_from_stem(path: Path) -> str:
+    return re.sub(r"[-_]+", " ", path.stem).strip().capitalize() or path.name
+
+
+def split_front_matter(text: str) -> tuple[dict[str, Any], int]:
+    """Parse YAML front matter; return (metadata, offset where the body starts)."""
+    match = _FRONT_MATTER.match(text)
+    if not match:
+        return {}, 0
+    try:
+        loaded = yaml.safe_load(match.group(1) or "")
+    except yaml.YAMLError:
+        loaded = None  # malformed front matter is still front matter: never chunk text
+    return (loaded if isinstance(loaded, dict) else {}), match.end()
+
+
+def extract_markdown(path: Path, data: bytes) -> Extracted:
+    text = canonical(decode_text(data))
+    _require_text(text)
+    metadata, body_start = split_front_matter(text)
+    _require_text(text[body_start:])
+    title = str(metadata.get("title") or "").strip()
+    if not title:
+        h1 = _ATX_H1.search(text, body_start)
+        title = h1.group(1).strip() if h1 else _title_from_stem(path)
+    return Extracted(text, nfc(title), "markdown", EXTRACTOR_VERSIONS["markdown"], body_start, (), metadata)
+
+
+def extract_plain(path: Path, data: bytes) -> Extracted:
+    text = canonical(decode_text(data))
+    _require_text(text)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    title = first if len(first) <= 100 and not first.endswith((".", ":", ";")) else _title_from_stem(path)
+    return Extracted(text, title, "text", EXTRACTOR_VERSIONS["text"])
+
+
+_BLOCK_TAGS = {"p", "div", "section", "article", "header", "footer", "main", "aside", "blockquote",
+               "table", "tr", "ul", "ol", "dl", "dt", "dd", "figure", "figcaption", "nav", "form"}
+
+
+def extract_html(path: Path, data: bytes) -> Extracted:
+    """HTML -> Markdown-like text (headings as '#', list items as '- ', blocks split by blank lines).
+
+    BeautifulSoup does the parsing; the result goes through the same block model as Markdown.
+    """
+    from bs4 import BeautifulSoup, NavigableString, Tag
+
+    soup = BeautifulSoup(decode_text(data), "html.parser")
+    for dead in soup(["script", "style", "noscript", "template", "head"]):
+        if dead.name == "head":
+            continue
+        dead.decompose()
+    title_tag = soup.find("title")
+    title = title_tag.get_text(" ", strip=True) if title_tag else ""
+    if soup.head:
+        soup.head.decompose()
+    lines: list[str] = []
+
+    def inline(node: Tag) -> str:
+        return re.sub(r"\s+", " ", node.get_text(" ", strip=True))
+
+    def walk(node: Tag) -> None:
+        for child in node.children:
+            if isinstance(child, NavigableString):
+                stripped = re.sub(r"\s+", " ", str(child)).strip()
+                if stripped:
+                    lines.append(stripped)
+                continue
+            if not isinstance(child, Tag):
+                continue
+            name = child.name.lower()
+            if re.fullmatch(r"h[1-6]", name):
+                lines.extend(["", "#" * int(name[1]) + " " + inline(child), ""])
+            elif name == "li":
+                lines.append("- " + inline(child))
+            elif name == "pre":
+                lines.extend(["", "```", child.get_text().strip("\n"), "```", ""])
+            elif name == "tr":
+                cells = [inline(c) for c in child.find_all(["td", "th"], recursive=False)]
+                lines.append("| " + " | ".join(cells) + " |")
+            elif name == "br":
+                lines.append("")
+            elif name in _BLOCK_TAGS:
+                lines.append("")
+                walk(child)
+                lines.append("")
+            else:
+                text = inline(child)
+                if text:
+                    lines.append(text)
+
+    walk(soup)
+    text = canonical(re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n")
+    _require_text(text)
+    if not title:
+        h1 = _ATX_H1.search(text)
+        title = h1.group(1).strip() if h1 else _title_from_stem(path)
+    return Extracted(text, nfc(title), "html", EXTRACTOR_VERSIONS["html"])
+
+
+def extract_pdf(path: Path, data: bytes) -> Extracted:
+    """pypdf text per page, pages joined by a blank line; page spans kept for locators."""
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            try:
+                unlocked = reader.decrypt("")
+            except Exception as e:  # pypdf raises several types for unsupported crypto
+                raise ExtractionError(f"encrypted PDF cannot be opened: {e}") from e
+            if not unlocked:
+                raise ExtractionError("encrypted PDF: a password is required; save an unencrypted copy")
+        parts: list[str] = []
+        pages: list[PageSpan] = []
+        offset = 0
+        for number, page in enumerate(reader.pages, start=1):
+            page_text = canonical(page.extract_text() or "").strip("\n")
+            if parts:
+                parts.append("\n\n")
+                offset += 2
+            parts.append(page_text)
+            pages.append(PageSpan(number, offset, offset + len(page_text)))
+            offset += len(page_text)
+        info_title = (reader.metadata.title if reader.metadata else None) or ""
+    except ExtractionError:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        raise ExtractionError(f"corrupt or unreadable PDF: {type(e).__name__}: {e}") from e
+    text = "".join(parts)
+    if not pages:
+        raise ExtractionError("the PDF has no pages")
+    if not text.strip():
+        raise ExtractionError("the PDF has no extractable text (a scanned image?); run OCR on it first")
+    title = nfc(str(info_title).strip()) or _title_from_stem(path)
+    return Extracted(text, title, "pdf", EXTRACTOR_VERSIONS["pdf"], 0, tuple(pages))
+
+
+_EXTRACTORS = {"markdown": extract_markdown, "text": extract_plain, "html": extract_html, "pdf": extract_pdf}
+
+
+def extract(path: Path, data: bytes | None = None) -> Extracted:
+    """Extract one file. Raises ExtractionError with a reason a user can act on."""
+    kind = extractor_for(path)
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ExtractionError(f"cannot read the file: {e.strerror or e}") from e
+    if not data:
+        raise ExtractionError("the file is empty (0 bytes)")
+    return _EXTRACTORS[kind](path, data)

@@ -1,0 +1,483 @@
+"""Ingest: walk files -> extract -> chunk -> embed -> store, one transaction per document.
+
+Idempotent: a document's ``content_hash`` covers its bytes, the embedding model id and the
+pipeline version, so a second run over unchanged files embeds nothing. A file that cannot be
+read is stored ``failed`` with its reason and every other file goes on.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from rag import chunking, store
+from rag.config import Settings
+from rag.embedding import Embedder
+from rag.errors import ExtractionError, RagError
+from rag.extract import EXTRACTOR_VERSIONS, SUPPORTED_SUFFIXES, extract, extractor_for
+from rag.models import Chunk, Collection, DocumentInfo, Extracted
+from rag.text import FOLD_VERSION, fold
+
+log = logging.getLogger(__name__)
+
+SKIPPED_NAMES = {".git", ".venv", "__pycache__", "node_modules", ".DS_Store"}
+
+
+@dataclass(frozen=True, slots=True)
+class FileResult:
+    source: str
+    status: str  # "ok" | "unchanged" | "groups" | "failed" | "pruned"
+    chunks: int = 0
+    truncated: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    collection: str
+    results: list[FileResult] = field(default_factory=list)
+    seconds: float = 0.0
+    embed_seconds: float = 0.0
+    chunks_embedded: int = 0
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+    @property
+    def truncated(self) -> int:
+        return sum(r.truncated for r in self.results)
+
+    @property
+    def failed(self) -> list[FileResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+    def summary(self) -> str:
+        rate = self.chunks_embedded / self.seconds if self.seconds else 0.0
+        return (
+            f"{len(self.results)} files: {self.count('ok')} indexed, {self.count('unchanged')} unchanged, "
+            f"{self.count('groups')} permissions updated, {self.count('failed')} failed, "
+            f"{self.count('pruned')} pruned; {self.chunks_embedded} chunks embedded "
+            f"({self.truncated} truncated) in {self.seconds:.1f} s ({rate:.1f} chunks/s)"
+        )
+
+
+ProgressFn = Callable[[int, int, int, str], None]  # (files done, files total, chunks embedded, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Versions
+
+
+def chunk_budget(settings: Settings, embedder: Embedder) -> int:
+    return settings.chunk_tokens or chunking.default_budget(embedder.max_tokens)
+
+
+def pipeline_version(strategy: str, budget: int) -> str:
+    """Everything after extraction that changes the stored chunks or their FTS text."""
+    return f"chunker{chunking.CHUNKER_VERSION}/{strategy}/b{budget}/fold{FOLD_VERSION}"
+
+
+def is_stale(row: Any, current_pipeline: str) -> bool:
+    """A committed document whose pipeline or extractor version is no longer current."""
+    if row["status"] != "ok" or row["pipeline_version"] is None:
+        return False
+    current_extractor = EXTRACTOR_VERSIONS.get(row["extractor"] or "")
+    return row["pipeline_version"] != current_pipeline or row["extractor_version"] != current_extractor
+
+
+def content_hash(bytes_hash: str, embedder_id: str, pipeline: str, extractor: str) -> str:
+    key = f"{bytes_hash}\n{embedder_id}\n{pipeline}\n{extractor}:{EXTRACTOR_VERSIONS.get(extractor, '?')}"
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Access control rules
+
+
+@dataclass(frozen=True, slots=True)
+class AclRules:
+    """``{"path or glob": [groups]}``: an exact path wins, else the union of matching globs."""
+
+    rules: dict[str, list[str]] = field(default_factory=dict)
+
+    def groups_for(self, source: str) -> list[str] | None:
+        if source in self.rules:
+            return self.rules[source]
+        matched: set[str] = set()
+        for pattern, groups in self.rules.items():
+            if any(ch in pattern for ch in "*?[") and (
+                fnmatch.fnmatchcase(source, pattern) or PurePosixPath(source).match(pattern)
+            ):
+                matched.update(groups)
+        return sorted(matched) or None
+
+
+def load_acl(path: str | Path | None) -> AclRules:
+    if path is None:
+        return AclRules()
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise RagError(f"cannot read the access map {path}: {e}") from e
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(g, str) for g in v) for k, v in raw.items()
+    ):
+        raise RagError(f"the access map {path} must be a JSON object {{\"path or glob\": [\"group\", ...]}}")
+    return AclRules({k: store.normalize_groups(v) for k, v in raw.items()})
+
+
+def groups_for(source: str, acl: AclRules, metadata: dict[str, Any]) -> list[str]:
+    """Groups from the access map, else front matter ``groups:``, else public."""
+    from_acl = acl.groups_for(source)
+    if from_acl:
+        return store.normalize_groups(from_acl)
+    declared = metadata.get("groups")
+    if isinstance(declared, str):
+        declared = [declared]
+    if isinstance(declared, list):
+        return store.normalize_groups(str(g) for g in declared)
+    return [store.PUBLIC_GROUP]
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+
+
+@dataclass(frozen=True, slots=True)
+class FoundFile:
+    path: Path
+    source: str  # relative to the ingest root, POSIX separators
+
+
+def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
+    """Files under each path (a folder is walked; its supported files are taken)."""
+    found: dict[str, FoundFile] = {}
+    for raw in paths:
+        root = Path(raw).expanduser()
+        if not root.exists():
+            raise RagError(f"no such file or folder: {raw}")
+        if root.is_file():
+            found[root.name] = FoundFile(root.resolve(), root.name)
+            continue
+        for file in sorted(root.rglob("*")):
+            rel = file.relative_to(root)
+            if any(part in SKIPPED_NAMES or part.startswith(".") for part in rel.parts):
+                continue
+            if file.is_file() and file.suffix.lower() in SUPPORTED_SUFFIXES:
+                source = rel.as_posix()
+                found[source] = FoundFile(file.resolve(), source)
+    return sorted(found.values(), key=lambda f: f.source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processing one document
+
+
+def prepare_chunks(
+    doc: Extracted, strategy: str, budget: int, embedder: Embedder, batch: int = 32
+) -> tuple[list[store.StoredChunk], float]:
+    """Chunk and embed one extracted document; returns the rows to store and embedding seconds."""
+    chunks = chunking.chunk_document(
+        doc, strategy=strategy, budget=budget, count_tokens=embedder.count_tokens, max_tokens=embedder.max_tokens
+    )
+    started = time.perf_counter()
+    vectors = embed_chunks(embedder, chunks, batch)
+    elapsed = time.perf_counter() - started
+    heading_prefix = doc.title
+    rows = [
+        store.StoredChunk(c, v, fold(c.section or heading_prefix), fold(c.content)) for c, v in zip(chunks, vectors)
+    ]
+    return rows, elapsed
+
+
+def embed_chunks(embedder: Embedder, chunks: Sequence[Chunk], batch: int = 32) -> np.ndarray:
+    """Embed the chunks' ``text`` (header + content) in batches."""
+    if not chunks:
+        return np.zeros((0, embedder.dimension), dtype=np.float32)
+    parts = [embedder.embed_passages([c.text for c in chunks[i : i + batch]]) for i in range(0, len(chunks), batch)]
+    return np.vstack(parts).astype(np.float32)
+
+
+def open_or_create_collection(
+    conn: store.Connection, name: str, embedder: Embedder, strategy: str | None, default_strategy: str
+) -> Collection:
+    collection = store.get_collection(conn, name)
+    if collection is None:
+        return store.create_collection(conn, name, embedder.model_id, embedder.dimension, strategy or default_strategy)
+    store.check_embedder(collection, embedder.model_id, embedder.dimension)
+    if strategy and strategy != collection.strategy:
+        conn.execute("UPDATE collections SET strategy = ? WHERE id = ?", (strategy, collection.id))
+        collection = store.require_collection(conn, name)
+    return collection
+
+
+def ingest(
+    conn: store.Connection,
+    paths: Sequence[str | Path],
+    *,
+    settings: Settings,
+    embedder: Embedder,
+    collection: str | None = None,
+    strategy: str | None = None,
+    acl: AclRules | None = None,
+    prune: bool = False,
+    retry_failed: bool = False,
+    on_progress: ProgressFn | None = None,
+) -> IngestReport:
+    """Bring a collection up to date with the files under ``paths``.
+
+    Args:
+        strategy: chunking strategy; ``None`` keeps the collection's own (``settings.strategy``
+            for a new collection). Changing it re-processes every document.
+        prune: delete documents whose files no longer exist.
+        retry_failed: re-attempt documents that failed before even if their bytes are unchanged.
+    """
+    if strategy is not None and strategy not in chunking.STRATEGIES:
+        raise RagError(f"unknown strategy {strategy!r}; choose one of {', '.join(chunking.STRATEGIES)}")
+    started = time.perf_counter()
+    name = collection or settings.collection
+    files = discover(paths)
+    coll = open_or_create_collection(conn, name, embedder, strategy, settings.strategy)
+    acl = acl or AclRules()
+    budget = chunk_budget(settings, embedder)
+    pipeline = pipeline_version(coll.strategy, budget)
+    results: list[FileResult] = []
+    embedded = 0
+    embed_seconds = 0.0
+    for index, found in enumerate(files):
+        result, seconds = ingest_file(conn, coll, found, embedder, pipeline, budget, acl, retry_failed, settings)
+        results.append(result)
+        embedded += result.chunks if result.status == "ok" else 0
+        embed_seconds += seconds
+        if on_progress:
+            on_progress(index + 1, len(files), embedded, found.source)
+    if prune:
+        results.extend(prune_missing(conn, coll))
+    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded)
+
+
+def ingest_file(
+    conn: store.Connection,
+    coll: Collection,
+    found: FoundFile,
+    embedder: Embedder,
+    pipeline: str,
+    budget: int,
+    acl: AclRules,
+    retry_failed: bool,
+    settings: Settings,
+    data: bytes | None = None,
+) -> tuple[FileResult, float]:
+    """Process one file; never raises for a bad file (it is recorded as failed)."""
+    source = found.source
+    try:
+        data = found.path.read_bytes() if data is None else data
+    except OSError as e:
+        store.record_failure(conn, coll, source, str(found.path), acl.groups_for(source) or [], "", "",
+                             f"cannot read the file: {e.strerror or e}")
+        return FileResult(source, "failed", error=f"cannot read the file: {e.strerror or e}"), 0.0
+    bytes_hash = hashlib.sha256(data).hexdigest()
+    try:
+        kind = extractor_for(found.path)
+    except ExtractionError as e:
+        return FileResult(source, "failed", error=str(e)), 0.0
+    wanted_hash = content_hash(bytes_hash, embedder.model_id, pipeline, kind)
+    existing = store.find_document(conn, coll.id, source)
+    if existing is not None and existing["content_hash"] == wanted_hash:
+        if existing["status"] == "failed" and not retry_failed:
+            return FileResult(source, "failed", error=existing["error"]), 0.0
+        if existing["status"] == "ok":
+            return _refresh_groups(conn, coll, existing, source, acl), 0.0
+    try:
+        doc = extract(found.path, data)
+        groups = groups_for(source, acl, doc.metadata)
+        rows, seconds = prepare_chunks(doc, coll.strategy, budget, embedder, settings.embed_batch)
+        if not rows:
+            raise ExtractionError("no text to index after front matter and markup")
+    except Exception as e:  # one bad file must not stop the others; the reason is stored
+        reason = str(e) if isinstance(e, ExtractionError) else f"{type(e).__name__}: {e}"
+        if not isinstance(e, ExtractionError):
+            log.exception("ingest of %s failed", source)
+        groups = acl.groups_for(source) or []
+        store.record_failure(conn, coll, source, str(found.path), groups, bytes_hash, wanted_hash, reason)
+        return FileResult(source, "failed", error=reason), 0.0
+    version = store.DocumentVersion(
+        source=source, path=str(found.path), title=doc.title, groups=groups, content_hash=wanted_hash,
+        bytes_hash=bytes_hash, canonical_text=doc.text, extractor=doc.extractor,
+        extractor_version=doc.extractor_version, embedder=embedder.model_id, dimension=embedder.dimension,
+        pipeline_version=pipeline,
+    )
+    store.replace_document(conn, coll, version, rows)
+    return FileResult(source, "ok", len(rows), sum(r.chunk.truncated for r in rows)), seconds
+
+
+def _refresh_groups(conn: store.Connection, coll: Collection, row: Any, source: str, acl: AclRules) -> FileResult:
+    """Unchanged bytes: only the permissions may have changed (no re-embedding needed)."""
+    from rag.extract import split_front_matter
+
+    metadata: dict[str, Any] = {}
+    if row["extractor"] == "markdown" and row["canonical_text"]:
+        metadata, _ = split_front_matter(row["canonical_text"])
+    groups = groups_for(source, acl, metadata)
+    if groups != json.loads(row["groups"]):
+        store.update_document_groups(conn, coll, row["id"], groups)
+        return FileResult(source, "groups", row["chunk_count"])
+    return FileResult(source, "unchanged", row["chunk_count"])
+
+
+def prune_missing(conn: store.Connection, coll: Collection) -> list[FileResult]:
+    pruned = []
+    for row in store.document_rows(conn, coll.name):
+        if not Path(row["path"]).exists():
+            store.delete_document(conn, row["id"])
+            pruned.append(FileResult(row["source"], "pruned"))
+    return pruned
+
+
+# ---------------------------------------------------------------------------------------------
+# Status and reindex
+
+
+def document_statuses(
+    conn: store.Connection, settings: Settings, collection: str | None = None
+) -> list[DocumentInfo]:
+    """Every document with its status, error and stale flag."""
+    infos = []
+    budgets: dict[str, str] = {}
+    for row in store.document_rows(conn, collection):
+        name = row["collection"]
+        if name not in budgets:
+            coll = store.require_collection(conn, name)
+            budgets[name] = _current_pipeline(settings, coll)
+        infos.append(store.to_document_info(row, is_stale(row, budgets[name])))
+    return infos
+
+
+def _current_pipeline(settings: Settings, coll: Collection) -> str:
+    """The pipeline version new documents of this collection would get (no model load needed)."""
+    from rag.embedding import max_tokens_for
+
+    budget = settings.chunk_tokens or chunking.default_budget(max_tokens_for(coll.embedder))
+    return pipeline_version(coll.strategy, budget)
+
+
+def reindex(
+    conn: store.Connection,
+    *,
+    settings: Settings,
+    embedder: Embedder,
+    collection: str | None = None,
+    everything: bool = False,
+    on_progress: ProgressFn | None = None,
+) -> IngestReport:
+    """Re-process stale documents (or all, or every document under a new embedding model).
+
+    With an embedder other than the collection's, every document is rebuilt from its stored
+    canonical text into a fresh collection which then replaces the old one in one transaction.
+    """
+    started = time.perf_counter()
+    name = collection or settings.collection
+    coll = store.require_collection(conn, name)
+    switching = coll.embedder != embedder.model_id or coll.dimension != embedder.dimension
+    budget = chunk_budget(settings, embedder)
+    pipeline = pipeline_version(coll.strategy, budget)
+    target = coll
+    if switching:
+        staging = f"{name}__reindex"
+        old_staging = store.get_collection(conn, staging)
+        if old_staging is not None:
+            _drop_collection(conn, old_staging)
+        target = store.create_collection(conn, staging, embedder.model_id, embedder.dimension, coll.strategy)
+    rows = store.document_rows(conn, name)
+    results: list[FileResult] = []
+    embedded, embed_seconds = 0, 0.0
+    for index, row in enumerate(rows):
+        if not (everything or switching or is_stale(row, pipeline)):
+            continue
+        result, seconds = _reprocess(conn, target, row, embedder, pipeline, budget, settings)
+        results.append(result)
+        embedded += result.chunks if result.status == "ok" else 0
+        embed_seconds += seconds
+        if on_progress:
+            on_progress(index + 1, len(rows), embedded, row["source"])
+    if switching:
+        with store.transaction(conn):
+            _delete_collection_rows(conn, coll)
+            conn.execute("DELETE FROM collections WHERE id = ?", (coll.id,))
+            conn.execute("UPDATE collections SET name = ? WHERE id = ?", (name, target.id))
+    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded)
+
+
+def _reprocess(
+    conn: store.Connection, coll: Collection, row: Any, embedder: Embedder, pipeline: str, budget: int,
+    settings: Settings,
+) -> tuple[FileResult, float]:
+    path = Path(row["path"])
+    extractor_current = row["extractor"] and row["extractor_version"] == EXTRACTOR_VERSIONS.get(row["extractor"])
+    if row["status"] == "ok" and extractor_current and row["canonical_text"] is not None:
+        from rag.extract import split_front_matter
+
+        body_start = 0
+        metadata: dict[str, Any] = {}
+        if row["extractor"] == "markdown":
+            metadata, body_start = split_front_matter(row["canonical_text"])
+        pages = _stored_pages(conn, row) if row["extractor"] == "pdf" else ()
+        doc = Extracted(row["canonical_text"], row["title"], row["extractor"], row["extractor_version"],
+                        body_start, pages, metadata)
+        try:
+            rows, seconds = prepare_chunks(doc, coll.strategy, budget, embedder, settings.embed_batch)
+        except Exception as e:
+            log.exception("reindex of %s failed", row["source"])
+            return FileResult(row["source"], "failed", error=f"{type(e).__name__}: {e}"), 0.0
+        version = store.DocumentVersion(
+            source=row["source"], path=row["path"], title=row["title"], groups=json.loads(row["groups"]),
+            content_hash=content_hash(row["bytes_hash"], embedder.model_id, pipeline, row["extractor"]),
+            bytes_hash=row["bytes_hash"], canonical_text=row["canonical_text"], extractor=row["extractor"],
+            extractor_version=row["extractor_version"], embedder=embedder.model_id, dimension=embedder.dimension,
+            pipeline_version=pipeline,
+        )
+        store.replace_document(conn, coll, version, rows)
+        return FileResult(row["source"], "ok", len(rows), sum(r.chunk.truncated for r in rows)), seconds
+    if not path.exists():
+        reason = f"source file {path} is gone and the stored text cannot be re-extracted"
+        store.record_failure(conn, coll, row["source"], row["path"], json.loads(row["groups"]),
+                             row["bytes_hash"] or "", row["content_hash"] or "", reason)
+        return FileResult(row["source"], "failed", error=reason), 0.0
+    found = FoundFile(path, row["source"])
+    acl = AclRules({row["source"]: json.loads(row["groups"])})
+    return ingest_file(conn, coll, found, embedder, pipeline, budget, acl, True, settings)
+
+
+def _stored_pages(conn: store.Connection, row: Any) -> tuple[Any, ...]:
+    """PDF page spans are recomputed by re-extraction; chunks keep their page numbers otherwise."""
+    path = Path(row["path"])
+    if path.exists():
+        try:
+            return extract(path).pages
+        except ExtractionError:
+            return ()
+    return ()
+
+
+def _drop_collection(conn: store.Connection, coll: Collection) -> None:
+    with store.transaction(conn):
+        _delete_collection_rows(conn, coll)
+        conn.execute("DELETE FROM collections WHERE id = ?", (coll.id,))
+
+
+def _delete_collection_rows(conn: store.Connection, coll: Collection) -> None:
+    store.drop_collection_vectors(conn, coll)
+    conn.execute("DELETE FROM documents WHERE collection_id = ?", (coll.id,))
+
+
+def delete_collection(conn: store.Connection, name: str) -> None:
+    _drop_collection(conn, store.require_collection(conn, name))

@@ -1,0 +1,611 @@
+"""The one SQLite file: connection, migrations, and every write and plain read.
+
+Retrieval queries live in ``rag.retrieval``; this module owns the schema and its invariants:
+a document's rows (document, chunks, FTS5 rows through triggers, vec0 rows) are always
+replaced in ONE transaction, so a crash leaves each document at its old or its new version.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import sqlite_vec
+
+from rag.errors import ExtensionLoadError, IndexMismatchError, NotFoundError, RagError
+from rag.models import Chunk, Collection, DocumentInfo
+
+PUBLIC_GROUP = "all"  # every reader holds it implicitly; documents default to it
+METRIC = "cosine"  # the one distance used everywhere: 1 - cos (= L2^2 / 2 on unit vectors)
+
+
+def choose_sqlite(candidates: Sequence[ModuleType | None]) -> ModuleType:
+    """Pick the first sqlite3-compatible module that can load extensions.
+
+    The standard ``sqlite3`` of some Python builds (python.org macOS installers, some pyenv
+    builds) lacks ``enable_load_extension``; ``pysqlite3`` (``pip install pysqlite3-binary``)
+    ships its own SQLite with extension loading and FTS5.
+    """
+    for module in candidates:
+        if module is not None and hasattr(module.Connection, "enable_load_extension"):
+            return module
+    raise ExtensionLoadError(
+        "This Python's sqlite3 module cannot load extensions, so sqlite-vec cannot be used. "
+        "Install the bundled SQLite build with `pip install pysqlite3-binary` (Linux), or use a "
+        "Python built with loadable SQLite extensions (e.g. from python.org or Homebrew with "
+        "--enable-loadable-sqlite-extensions)."
+    )
+
+
+def _import_optional(name: str) -> ModuleType | None:
+    try:
+        __import__(name)
+    except ImportError:
+        return None
+    return sys.modules[name]
+
+
+def _sqlite_module() -> ModuleType:
+    import sqlite3 as standard
+
+    return choose_sqlite([standard, _import_optional("pysqlite3.dbapi2")])
+
+
+sqlite: ModuleType = _sqlite_module()  # the sqlite3-compatible module in use: catch sqlite.Error
+Connection = Any  # sqlite.Connection of whichever module was chosen
+
+
+def connect(path: str | Path) -> Connection:
+    """Open (creating if needed) a database with sqlite-vec loaded, WAL and foreign keys on.
+
+    The connection is in autocommit mode; group writes with ``transaction(conn)``.
+    """
+    if str(path) != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite.connect(str(path), isolation_level=None, timeout=30.0)
+    conn.row_factory = sqlite.Row
+    try:
+        conn.enable_load_extension(True)
+        sqlite_vec.load(conn)
+        conn.enable_load_extension(False)
+    except (AttributeError, sqlite.Error) as e:
+        conn.close()
+        raise ExtensionLoadError(
+            f"could not load sqlite-vec into SQLite {sqlite.sqlite_version}: {e}. "
+            "Reinstall it with `pip install sqlite-vec==0.1.9`."
+        ) from e
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA busy_timeout = 30000")
+    # WAL: readers (the app) never block the writer (an ingest run) and a killed writer
+    # leaves the last committed state (https://sqlite.org/wal.html). NORMAL is crash-safe in WAL.
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+@contextmanager
+def transaction(conn: Connection) -> Iterator[Connection]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+# ---------------------------------------------------------------------------------------------
+# Migrations: a small copy of sqlite_utils.Migrations' logic (a table of applied names, each
+# migration in its own transaction). sqlite-utils itself is not a dependency of this project.
+
+MIGRATIONS_TABLE = "_migrations"
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    name: str  # e.g. "0001_initial"
+    sql: str | None  # .sql migrations
+    path: Path
+
+
+def _migration_dir() -> Path:
+    return Path(str(resources.files("db"))) / "migrations"
+
+
+def all_migrations() -> list[Migration]:
+    """Every migration on disk, in name order (.sql files, or .py files defining migrate(conn))."""
+    found = []
+    for path in sorted(_migration_dir().iterdir()):
+        if path.suffix == ".sql":
+            found.append(Migration(path.stem, path.read_text(encoding="utf-8"), path))
+        elif path.suffix == ".py" and path.stem[:4].isdigit():
+            found.append(Migration(path.stem, None, path))
+    return found
+
+
+def applied_migrations(conn: Connection) -> list[str]:
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} "
+        "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
+    )
+    return [r[0] for r in conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE} ORDER BY name")]
+
+
+def pending_migrations(conn: Connection) -> list[Migration]:
+    done = set(applied_migrations(conn))
+    return [m for m in all_migrations() if m.name not in done]
+
+
+def migrate(conn: Connection, stop_before: str | None = None) -> list[str]:
+    """Apply pending migrations in order, each in one transaction; return the names applied."""
+    applied = []
+    for migration in pending_migrations(conn):
+        if stop_before is not None and migration.name == stop_before:
+            break
+        with transaction(conn):
+            if migration.sql is not None:
+                for statement in _split_sql(migration.sql):
+                    conn.execute(statement)
+            else:
+                namespace: dict[str, Any] = {}
+                exec(compile(migration.path.read_text(encoding="utf-8"), str(migration.path), "exec"), namespace)
+                namespace["migrate"](conn)
+            conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (name) VALUES (?)", (migration.name,))
+        applied.append(migration.name)
+    return applied
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a script into complete statements with SQLite's own parser (complete_statement).
+
+    ``executescript`` would COMMIT our transaction, so statements are run one by one.
+    """
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite.complete_statement(current):
+            if current.strip():
+                statements.append(current.strip())
+            current = ""
+    if current.strip() and not current.strip().startswith("--"):
+        statements.append(current.strip())
+    return [s for s in statements if any(ln.strip() and not ln.strip().startswith("--") for ln in s.splitlines())]
+
+
+def open_db(path: str | Path) -> Connection:
+    """connect() + migrate(): what every entry point uses."""
+    conn = connect(path)
+    migrate(conn)
+    return conn
+
+
+# ---------------------------------------------------------------------------------------------
+# Vectors
+
+
+def serialize_vector(vector: np.ndarray | Sequence[float]) -> bytes:
+    """float32 little-endian bytes, the layout vec0 expects (the one helper used everywhere)."""
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def deserialize_vector(blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, dtype="<f4")
+
+
+def vector_table(dimension: int) -> str:
+    """Name of the vec0 table holding vectors of this dimension (an identifier chosen in code)."""
+    return f"vec_chunks_{int(dimension)}"
+
+
+def ensure_vector_table(conn: Connection, dimension: int) -> str:
+    """Create the vec0 table for ``dimension`` if needed.
+
+    The collection is the partition key and ``acl`` (the access key) a metadata column, so
+    both filters run INSIDE the KNN scan (no post-filtering). ``embedding_bit`` holds the
+    binary-quantized copy used as a fast prefilter before float rescoring.
+    """
+    name = vector_table(dimension)
+    bit_column = f", embedding_bit BIT[{int(dimension)}]" if has_binary(dimension) else ""
+    conn.execute(
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS {name} USING vec0("
+        "chunk_id INTEGER PRIMARY KEY, "
+        "collection_id INTEGER PARTITION KEY, "
+        "acl INTEGER, "
+        f"embedding FLOAT[{int(dimension)}] distance_metric={METRIC}"
+        f"{bit_column})"
+    )
+    return name
+
+
+def has_binary(dimension: int) -> bool:
+    """sqlite-vec's vec_quantize_binary needs a dimension divisible by 8."""
+    return dimension % 8 == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Collections
+
+
+def _collection(row: Any) -> Collection:
+    return Collection(
+        id=row["id"],
+        name=row["name"],
+        embedder=row["embedder"],
+        dimension=row["dimension"],
+        metric=row["metric"],
+        strategy=row["strategy"],
+        max_distance=row["max_distance"],
+    )
+
+
+def get_collection(conn: Connection, name: str) -> Collection | None:
+    row = conn.execute("SELECT * FROM collections WHERE name = ?", (name,)).fetchone()
+    return _collection(row) if row else None
+
+
+def require_collection(conn: Connection, name: str) -> Collection:
+    found = get_collection(conn, name)
+    if found is None:
+        names = [c.name for c in list_collections(conn)]
+        hint = f" Collections here: {', '.join(names)}." if names else " The database is empty: run `rag ingest` first."
+        raise NotFoundError(f"no collection named {name!r}.{hint}")
+    return found
+
+
+def list_collections(conn: Connection) -> list[Collection]:
+    return [_collection(r) for r in conn.execute("SELECT * FROM collections ORDER BY name")]
+
+
+def create_collection(
+    conn: Connection, name: str, embedder: str, dimension: int, strategy: str = "E", metric: str = METRIC
+) -> Collection:
+    with transaction(conn):
+        conn.execute(
+            "INSERT INTO collections (name, embedder, dimension, metric, strategy) VALUES (?, ?, ?, ?, ?)",
+            (name, embedder, dimension, metric, strategy),
+        )
+        ensure_vector_table(conn, dimension)
+    return require_collection(conn, name)
+
+
+def check_embedder(collection: Collection, embedder: str, dimension: int) -> None:
+    """Refuse to mix embedding models in one collection."""
+    if collection.embedder != embedder or collection.dimension != dimension or collection.metric != METRIC:
+        raise IndexMismatchError(
+            f"collection {collection.name!r} was built with embedding model {collection.embedder!r} "
+            f"({collection.dimension}-d, {collection.metric}) but {embedder!r} ({dimension}-d) was asked for. "
+            f"Vectors from different models cannot be mixed: use the collection's own model, or rebuild "
+            f"it with `rag reindex --collection {collection.name} --embedder NEW_MODEL`."
+        )
+
+
+def set_collection_threshold(conn: Connection, name: str, max_distance: float | None) -> None:
+    conn.execute("UPDATE collections SET max_distance = ? WHERE name = ?", (max_distance, name))
+
+
+def set_collection_embedder(conn: Connection, collection_id: int, embedder: str, dimension: int) -> None:
+    """Restamp a collection (inside the caller's transaction, after its vectors are gone)."""
+    conn.execute(
+        "UPDATE collections SET embedder = ?, dimension = ?, max_distance = NULL WHERE id = ?",
+        (embedder, dimension, collection_id),
+    )
+    ensure_vector_table(conn, dimension)
+
+
+# ---------------------------------------------------------------------------------------------
+# Access control
+
+
+def normalize_groups(groups: Iterable[str] | None) -> list[str]:
+    """Sorted, deduplicated, stripped group names; empty means public (``["all"]``)."""
+    cleaned = sorted({g.strip() for g in (groups or []) if g and g.strip()})
+    return cleaned or [PUBLIC_GROUP]
+
+
+def access_key(conn: Connection, groups: Iterable[str]) -> int:
+    """The id of this exact group set, created on first use."""
+    key = json.dumps(normalize_groups(groups))
+    conn.execute("INSERT OR IGNORE INTO access_keys (groups) VALUES (?)", (key,))
+    return int(conn.execute("SELECT id FROM access_keys WHERE groups = ?", (key,)).fetchone()[0])
+
+
+def visible_access_keys(conn: Connection, groups: Iterable[str]) -> list[int]:
+    """Access keys a reader may see: those whose groups meet the reader's groups.
+
+    Every reader implicitly holds ``all``, so public documents are visible to everyone.
+    """
+    mine = set(normalize_groups(groups)) | {PUBLIC_GROUP}
+    return [
+        int(row["id"])
+        for row in conn.execute("SELECT id, groups FROM access_keys ORDER BY id")
+        if mine & set(json.loads(row["groups"]))
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Documents
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentVersion:
+    """Everything that describes one processed version of a document."""
+
+    source: str
+    path: str
+    title: str
+    groups: list[str]
+    content_hash: str
+    bytes_hash: str
+    canonical_text: str
+    extractor: str
+    extractor_version: str
+    embedder: str
+    dimension: int
+    pipeline_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """A chunk with its vector and folded FTS texts, ready to be written."""
+
+    chunk: Chunk
+    vector: np.ndarray
+    fts_heading: str
+    fts_body: str
+
+
+def find_document(conn: Connection, collection_id: int, source: str) -> Any | None:
+    return conn.execute(
+        "SELECT * FROM documents WHERE collection_id = ? AND source = ?", (collection_id, source)
+    ).fetchone()
+
+
+def _delete_vectors(conn: Connection, dimension: int, document_id: int) -> None:
+    table = vector_table(dimension)
+    conn.execute(
+        f"DELETE FROM {table} WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)", (document_id,)
+    )
+
+
+def replace_document(
+    conn: Connection, collection: Collection, version: DocumentVersion, chunks: Sequence[StoredChunk]
+) -> int:
+    """Write one document version and all its chunks, vectors and FTS rows in ONE transaction.
+
+    Returns the document id. Old chunks, FTS rows (through triggers) and vectors go in the
+    same transaction, so readers and crashes see either the old version or the new one.
+    """
+    check_embedder(collection, version.embedder, version.dimension)
+    table = vector_table(collection.dimension)
+    binary = has_binary(collection.dimension)
+    insert_vector = (
+        f"INSERT INTO {table} (chunk_id, collection_id, acl, embedding, embedding_bit) "
+        "VALUES (?, ?, ?, ?, vec_quantize_binary(?))"
+        if binary
+        else f"INSERT INTO {table} (chunk_id, collection_id, acl, embedding) VALUES (?, ?, ?, ?)"
+    )
+    with transaction(conn):
+        key = access_key(conn, version.groups)
+        old = find_document(conn, collection.id, version.source)
+        if old is not None:
+            _delete_vectors(conn, collection.dimension, old["id"])
+            conn.execute("DELETE FROM chunks WHERE document_id = ?", (old["id"],))
+            conn.execute(
+                """UPDATE documents SET path = :path, title = :title, groups = :groups, access_key = :key,
+                   content_hash = :content_hash, bytes_hash = :bytes_hash, canonical_text = :text,
+                   extractor = :extractor, extractor_version = :extractor_version, status = 'pending',
+                   error = NULL, chunk_count = 0, embedder = :embedder, dimension = :dimension,
+                   pipeline_version = :pipeline_version,
+                   updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = :id""",
+                _version_params(version, key) | {"id": old["id"]},
+            )
+            document_id = int(old["id"])
+        else:
+            cursor = conn.execute(
+                """INSERT INTO documents (collection_id, source, path, title, groups, access_key, content_hash,
+                   bytes_hash, canonical_text, extractor, extractor_version, status, embedder, dimension,
+                   pipeline_version)
+                   VALUES (:collection_id, :source, :path, :title, :groups, :key, :content_hash, :bytes_hash,
+                   :text, :extractor, :extractor_version, 'pending', :embedder, :dimension, :pipeline_version)""",
+                _version_params(version, key) | {"collection_id": collection.id, "source": version.source},
+            )
+            document_id = int(cursor.lastrowid)
+        for stored in chunks:
+            c = stored.chunk
+            cursor = conn.execute(
+                """INSERT INTO chunks (document_id, collection_id, access_key, ordinal, section, text, content,
+                   char_from, char_to, page, token_count, truncated, kind, fts_heading, fts_body)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (
+                    document_id, collection.id, key, c.ordinal, c.section, c.text, c.content, c.char_from,
+                    c.char_to, c.page, c.token_count, int(c.truncated), c.kind, stored.fts_heading, stored.fts_body,
+                ),
+            )
+            blob = serialize_vector(stored.vector)
+            conn.execute(insert_vector, (cursor.lastrowid, collection.id, key, blob, blob)[: 5 if binary else 4])
+        # chunk_count is written by the server when the document commits.
+        conn.execute(
+            "UPDATE documents SET status = 'ok', chunk_count = "
+            "(SELECT count(*) FROM chunks WHERE document_id = :id) WHERE id = :id",
+            {"id": document_id},
+        )
+    return document_id
+
+
+def _version_params(version: DocumentVersion, key: int) -> dict[str, Any]:
+    return {
+        "path": version.path,
+        "title": version.title,
+        "groups": json.dumps(normalize_groups(version.groups)),
+        "key": key,
+        "content_hash": version.content_hash,
+        "bytes_hash": version.bytes_hash,
+        "text": version.canonical_text,
+        "extractor": version.extractor,
+        "extractor_version": version.extractor_version,
+        "embedder": version.embedder,
+        "dimension": version.dimension,
+        "pipeline_version": version.pipeline_version,
+    }
+
+
+def record_failure(
+    conn: Connection, collection: Collection, source: str, path: str, groups: Sequence[str], bytes_hash: str,
+    content_hash: str, error: str,
+) -> int:
+    """Mark a document failed with its reason.
+
+    A document that was fine before keeps its previous chunks (nothing is lost): only its status
+    and error change, so the old version stays searchable until a readable file replaces it.
+    """
+    with transaction(conn):
+        key = access_key(conn, groups)
+        old = find_document(conn, collection.id, source)
+        if old is not None:
+            conn.execute(
+                "UPDATE documents SET status = 'failed', error = ?, content_hash = CASE WHEN chunk_count = 0 "
+                "THEN ? ELSE content_hash END, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
+                (error, content_hash, old["id"]),
+            )
+            return int(old["id"])
+        cursor = conn.execute(
+            """INSERT INTO documents (collection_id, source, path, groups, access_key, content_hash, bytes_hash,
+               status, error) VALUES (?, ?, ?, ?, ?, ?, ?, 'failed', ?)""",
+            (collection.id, source, path, json.dumps(normalize_groups(groups)), key, content_hash, bytes_hash, error),
+        )
+        return int(cursor.lastrowid)
+
+
+def update_document_groups(conn: Connection, collection: Collection, document_id: int, groups: Sequence[str]) -> None:
+    """Change who may read a document without re-embedding it (documents, chunks and vec0 rows)."""
+    table = vector_table(collection.dimension)
+    with transaction(conn):
+        key = access_key(conn, groups)
+        conn.execute(
+            "UPDATE documents SET groups = ?, access_key = ?, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+            "WHERE id = ?",
+            (json.dumps(normalize_groups(groups)), key, document_id),
+        )
+        conn.execute("UPDATE chunks SET access_key = ? WHERE document_id = ?", (key, document_id))
+        conn.execute(
+            f"UPDATE {table} SET acl = ? WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)",
+            (key, document_id),
+        )
+
+
+def delete_document(conn: Connection, document_id: int) -> None:
+    row = conn.execute(
+        "SELECT d.id, c.dimension FROM documents d JOIN collections c ON c.id = d.collection_id WHERE d.id = ?",
+        (document_id,),
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no document with id {document_id}")
+    with transaction(conn):
+        _delete_vectors(conn, row["dimension"], document_id)
+        conn.execute("DELETE FROM documents WHERE id = ?", (document_id,))  # chunks cascade; FTS via trigger
+
+
+def drop_collection_vectors(conn: Connection, collection: Collection) -> None:
+    """Delete every vector of a collection (inside the caller's transaction)."""
+    conn.execute(f"DELETE FROM {vector_table(collection.dimension)} WHERE collection_id = ?", (collection.id,))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads
+
+
+def document_rows(conn: Connection, collection: str | None = None) -> list[Any]:
+    sql = (
+        "SELECT d.*, c.name AS collection FROM documents d JOIN collections c ON c.id = d.collection_id"
+        + (" WHERE c.name = ?" if collection else "")
+        + " ORDER BY c.name, d.source"
+    )
+    return list(conn.execute(sql, (collection,) if collection else ()))
+
+
+def to_document_info(row: Any, stale: bool) -> DocumentInfo:
+    return DocumentInfo(
+        id=row["id"],
+        collection=row["collection"],
+        source=row["source"],
+        path=row["path"],
+        title=row["title"],
+        groups=json.loads(row["groups"]),
+        status=row["status"],
+        error=row["error"],
+        chunk_count=row["chunk_count"],
+        embedder=row["embedder"],
+        pipeline_version=row["pipeline_version"],
+        extractor=row["extractor"],
+        extractor_version=row["extractor_version"],
+        stale=stale,
+        updated_at=row["updated_at"],
+    )
+
+
+def get_document(conn: Connection, document_id: int) -> Any:
+    row = conn.execute(
+        "SELECT d.*, c.name AS collection FROM documents d JOIN collections c ON c.id = d.collection_id "
+        "WHERE d.id = ?",
+        (document_id,),
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no document with id {document_id}")
+    return row
+
+
+def chunk_rows(conn: Connection, document_id: int | None = None, collection: str | None = None) -> list[Any]:
+    """Chunks with their document's source and title, in document order."""
+    where, params = [], []
+    if document_id is not None:
+        where.append("k.document_id = ?")
+        params.append(document_id)
+    if collection is not None:
+        where.append("c.name = ?")
+        params.append(collection)
+    sql = (
+        "SELECT k.*, d.source, d.title FROM chunks k JOIN documents d ON d.id = k.document_id "
+        "JOIN collections c ON c.id = k.collection_id"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + " ORDER BY d.source, k.ordinal"
+    )
+    return list(conn.execute(sql, params))
+
+
+def chunk_vectors(conn: Connection, dimension: int, chunk_ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """Stored float vectors by chunk id (point lookups on the vec0 table)."""
+    if not chunk_ids:
+        return {}
+    marks = ",".join("?" * len(chunk_ids))
+    rows = conn.execute(
+        f"SELECT chunk_id, embedding FROM {vector_table(dimension)} WHERE chunk_id IN ({marks})", list(chunk_ids)
+    )
+    return {int(r[0]): deserialize_vector(r[1]) for r in rows}
+
+
+def get_meta(conn: Connection, key: str) -> str | None:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def set_meta(conn: Connection, key: str, value: str) -> None:
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                 (key, value))
+
+
+def ensure_writable(path: str | Path) -> None:
+    """Fail early, with a clear message, when the database directory cannot be written."""
+    parent = Path(path).expanduser().resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RagError(f"cannot create the database directory {parent}: {e}") from e

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+from rag import store  # noqa: E402
+from rag.config import Settings, load_settings  # noqa: E402
+
+from .fakes import FakeEmbedder  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_EVAL = ROOT.parent / "shared" / "eval"
+GUIDE = ROOT / "docs" / "guide"
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own data directory (settings file, default database)."""
+    path = tmp_path / "data"
+    monkeypatch.setenv("RAG_DATA_DIR", str(path))
+    for name in list(os.environ):
+        if name.startswith("RAG_") and name != "RAG_DATA_DIR":
+            monkeypatch.delenv(name)
+    return path
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "test.db"
+
+
+@pytest.fixture
+def conn(db_path: Path) -> Iterator[store.Connection]:
+    c = store.open_db(db_path)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def settings(db_path: Path) -> Settings:
+    return load_settings(db_path=db_path)
+
+
+@pytest.fixture
+def fake_embedder() -> FakeEmbedder:
+    return FakeEmbedder()
+
+
+@pytest.fixture(scope="session")
+def real_embedder():  # type: ignore[no-untyped-def]
+    """The bundled all-MiniLM-L6-v2, loaded once per session."""
+    from rag.embedding import load_embedder
+
+    return load_embedder("minilm")
+
+
+def shared_eval_or_skip() -> Path:
+    """../shared/eval exists on the project's machines only; a user's clone skips these cases."""
+    if not SHARED_EVAL.is_dir():
+        pytest.skip("../shared/eval is not present in this checkout")
+    return SHARED_EVAL
