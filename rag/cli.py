@@ -196,6 +196,26 @@ def cmd_chunks(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def demo_corpus() -> Path:
+    """The bundled demo corpus: the app's own user guide (docs/guide in the repository)."""
+    return Path(__file__).resolve().parent.parent / "docs" / "guide"
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from rag.ingest import demo_is_current
+
+    folder = demo_corpus()
+    if not folder.is_dir():
+        raise RagError(f"the demo corpus is missing ({folder}); run from a clone of the repository")
+    conn = _open(settings)
+    if demo_is_current(conn, folder, settings):
+        print(f"demo corpus already indexed in {settings.db_path} (collection {settings.collection!r})")
+        return 0
+    args.paths, args.acl, args.strategy, args.json = [folder], None, None, False
+    args.prune = args.retry_failed = True
+    return cmd_ingest(args, settings)
+
+
 # ---------------------------------------------------------------------------------------------
 # parser
 
@@ -237,6 +257,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--document", help="only this document (source path)")
     p.add_argument("--json", action="store_true")
     handlers["chunks"] = cmd_chunks
+
+    p = sub.add_parser("demo", help="index the bundled user guide into the default database if needed")
+    _common(p)
+    handlers["demo"] = cmd_demo
 
     return parser, handlers
 

@@ -83,7 +83,7 @@ class SentenceTransformerEmbedder:
         if not dim:
             raise ModelLoadError(f"the model in {path} does not report an embedding dimension")
         self.dimension = int(dim)
-        self.max_tokens = int(self.model.max_seq_length)
+        self.max_tokens = int(self.model.max_seq_length or 512)
         self.tokenizer = self.model.tokenizer
 
     def _encode(self, texts: Sequence[str]) -> np.ndarray:

@@ -97,60 +97,66 @@ def extract_plain(path: Path, data: bytes) -> Extracted:
     return Extracted(text, title, "text", EXTRACTOR_VERSIONS["text"])
 
 
-_BLOCK_TAGS = {"p", "div", "section", "article", "header", "footer", "main", "aside", "blockquote",
-               "table", "tr", "ul", "ol", "dl", "dt", "dd", "figure", "figcaption", "nav", "form"}
+_INLINE_TAGS = {"a", "abbr", "b", "bdi", "bdo", "cite", "code", "data", "dfn", "em", "i", "img", "kbd", "label",
+                "mark", "q", "s", "samp", "small", "span", "strong", "sub", "sup", "time", "u", "var", "wbr"}
 
 
 def extract_html(path: Path, data: bytes) -> Extracted:
     """HTML -> Markdown-like text (headings as '#', list items as '- ', blocks split by blank lines).
 
     BeautifulSoup does the parsing; the result goes through the same block model as Markdown.
+    Runs of inline content become one line; every other element is a block.
     """
     from bs4 import BeautifulSoup, NavigableString, Tag
 
     soup = BeautifulSoup(decode_text(data), "html.parser")
-    for dead in soup(["script", "style", "noscript", "template", "head"]):
-        if dead.name == "head":
-            continue
-        dead.decompose()
     title_tag = soup.find("title")
     title = title_tag.get_text(" ", strip=True) if title_tag else ""
-    if soup.head:
-        soup.head.decompose()
+    for dead in soup(["script", "style", "noscript", "template", "head"]):
+        dead.decompose()
     lines: list[str] = []
 
-    def inline(node: Tag) -> str:
-        return re.sub(r"\s+", " ", node.get_text(" ", strip=True))
+    def squash(text: str) -> str:
+        return re.sub(r"\s+", " ", text).strip()
 
     def walk(node: Tag) -> None:
+        run: list[str] = []
+
+        def flush() -> None:
+            text = squash(" ".join(run))
+            if text:
+                lines.append(text)
+            run.clear()
+
         for child in node.children:
             if isinstance(child, NavigableString):
-                stripped = re.sub(r"\s+", " ", str(child)).strip()
-                if stripped:
-                    lines.append(stripped)
+                run.append(str(child))
                 continue
             if not isinstance(child, Tag):
                 continue
             name = child.name.lower()
+            if name in _INLINE_TAGS:
+                run.append(child.get_text(" "))
+                continue
+            flush()
             if re.fullmatch(r"h[1-6]", name):
-                lines.extend(["", "#" * int(name[1]) + " " + inline(child), ""])
+                lines.extend(["", "#" * int(name[1]) + " " + squash(child.get_text(" ")), ""])
             elif name == "li":
-                lines.append("- " + inline(child))
+                lines.append("- " + squash(child.get_text(" ")))
             elif name == "pre":
                 lines.extend(["", "```", child.get_text().strip("\n"), "```", ""])
             elif name == "tr":
-                cells = [inline(c) for c in child.find_all(["td", "th"], recursive=False)]
+                cells = [squash(c.get_text(" ")) for c in child.find_all(["td", "th"], recursive=False)]
                 lines.append("| " + " | ".join(cells) + " |")
+                if child.find("th", recursive=False) is not None and not child.find("td", recursive=False):
+                    lines.append("|" + " --- |" * len(cells))  # a header row: make it a Markdown table
             elif name == "br":
-                lines.append("")
-            elif name in _BLOCK_TAGS:
+                continue
+            else:
                 lines.append("")
                 walk(child)
                 lines.append("")
-            else:
-                text = inline(child)
-                if text:
-                    lines.append(text)
+        flush()
 
     walk(soup)
     text = canonical(re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n")

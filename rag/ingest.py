@@ -194,7 +194,8 @@ def prepare_chunks(
     elapsed = time.perf_counter() - started
     heading_prefix = doc.title
     rows = [
-        store.StoredChunk(c, v, fold(c.section or heading_prefix), fold(c.content)) for c, v in zip(chunks, vectors)
+        store.StoredChunk(c, v, fold(c.section or heading_prefix), fold(c.content))
+        for c, v in zip(chunks, vectors, strict=True)
     ]
     return rows, elapsed
 
@@ -481,3 +482,42 @@ def _delete_collection_rows(conn: store.Connection, coll: Collection) -> None:
 
 def delete_collection(conn: store.Connection, name: str) -> None:
     _drop_collection(conn, store.require_collection(conn, name))
+
+
+def demo_is_current(conn: store.Connection, folder: Path, settings: Settings) -> bool:
+    """True when every file under ``folder`` is indexed, ok, current and unchanged (no model needed)."""
+    coll = store.get_collection(conn, settings.collection)
+    if coll is None:
+        return False
+    pipeline = _current_pipeline(settings, coll)
+    for found in discover([folder]):
+        row = store.find_document(conn, coll.id, found.source)
+        if row is None or row["status"] != "ok" or is_stale(row, pipeline):
+            return False
+        if row["bytes_hash"] != hashlib.sha256(found.path.read_bytes()).hexdigest():
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class IndexHealth:
+    documents: int
+    chunks: int
+    failed: int
+    stale: int
+    truncated: int
+    collections: dict[str, str]  # name -> embedding model id
+
+
+def index_health(conn: store.Connection, settings: Settings) -> IndexHealth:
+    """Counts for the dashboard frame: documents, chunks, failures, stale documents, models."""
+    infos = document_statuses(conn, settings)
+    chunks, truncated = conn.execute("SELECT count(*), coalesce(sum(truncated), 0) FROM chunks").fetchone()
+    return IndexHealth(
+        documents=len(infos),
+        chunks=int(chunks),
+        failed=sum(d.status == "failed" for d in infos),
+        stale=sum(d.stale for d in infos),
+        truncated=int(truncated),
+        collections={c.name: c.embedder for c in store.list_collections(conn)},
+    )

@@ -496,10 +496,11 @@ def update_document_groups(conn: Connection, collection: Collection, document_id
             (json.dumps(normalize_groups(groups)), key, document_id),
         )
         conn.execute("UPDATE chunks SET access_key = ? WHERE document_id = ?", (key, document_id))
-        conn.execute(
-            f"UPDATE {table} SET acl = ? WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)",
-            (key, document_id),
-        )
+        # One row at a time: sqlite-vec 0.1.9 rejects a multi-row UPDATE here as if it touched the
+        # partition key ("UPDATE on partition key columns are not supported yet").
+        chunk_ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE document_id = ?", (document_id,))]
+        for chunk_id in chunk_ids:
+            conn.execute(f"UPDATE {table} SET acl = ? WHERE chunk_id = ?", (key, chunk_id))
 
 
 def delete_document(conn: Connection, document_id: int) -> None:
@@ -565,7 +566,8 @@ def get_document(conn: Connection, document_id: int) -> Any:
 
 def chunk_rows(conn: Connection, document_id: int | None = None, collection: str | None = None) -> list[Any]:
     """Chunks with their document's source and title, in document order."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if document_id is not None:
         where.append("k.document_id = ?")
         params.append(document_id)

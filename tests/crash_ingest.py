@@ -1,0 +1,32 @@
+"""Subprocess body for the kill -9 test: ingest a folder slowly so the kill lands mid-run."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from rag import store
+from rag.config import load_settings
+from rag.ingest import ingest
+
+from .fakes import FakeEmbedder
+
+
+class SlowEmbedder(FakeEmbedder):
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        time.sleep(0.02 * len(texts))
+        return super().embed_passages(texts)
+
+
+def main(db: str, folder: str) -> None:
+    conn = store.open_db(db)
+    print("started", flush=True)
+    ingest(conn, [folder], settings=load_settings(db_path=db, embed_batch=2), embedder=SlowEmbedder())
+    print("finished", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

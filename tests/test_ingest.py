@@ -1,0 +1,243 @@
+"""Ingest: idempotency, failure isolation, access maps, prune, retry, stale + reindex."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rag import store
+from rag.config import Settings
+from rag.errors import IndexMismatchError, RagError
+from rag.ingest import AclRules, document_statuses, ingest, load_acl, reindex
+
+from .fakes import FakeEmbedder
+
+
+def write(folder: Path, name: str, text: str | bytes) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    root = tmp_path / "corpus"
+    write(
+        root,
+        "guide.md",
+        "---\ntitle: Guide\n---\n\n## Install\n\nRun make run to start.\n\n## Use\n\nAsk a question.\n",
+    )
+    write(root, "notes.txt", "Notes\n\nThe backup runs nightly at 02:00.\n")
+    write(
+        root,
+        "sub/page.html",
+        "<html><head><title>Page</title></head><body><h1>Page</h1><p>Hello html.</p></body></html>",
+    )
+    return root
+
+
+def statuses(conn: store.Connection, settings: Settings) -> dict[str, str]:
+    return {d.source: d.status for d in document_statuses(conn, settings)}
+
+
+def test_ingest_is_idempotent_and_embeds_nothing_the_second_time(
+    conn: store.Connection, settings: Settings, corpus: Path
+) -> None:
+    embedder = FakeEmbedder()
+    first = ingest(conn, [corpus], settings=settings, embedder=embedder)
+    assert first.count("ok") == 3 and first.chunks_embedded > 0
+    calls = embedder.calls
+    second = ingest(conn, [corpus], settings=settings, embedder=embedder)
+    assert second.count("unchanged") == 3 and second.chunks_embedded == 0
+    assert embedder.calls == calls
+    assert statuses(conn, settings) == {"guide.md": "ok", "notes.txt": "ok", "sub/page.html": "ok"}
+    # every stored chunk is an exact slice of the stored canonical text
+    for row in store.document_rows(conn):
+        for chunk in store.chunk_rows(conn, row["id"]):
+            assert row["canonical_text"][chunk["char_from"] : chunk["char_to"]] == chunk["content"]
+        assert row["chunk_count"] == len(store.chunk_rows(conn, row["id"]))
+
+
+def test_changed_file_is_replaced_and_others_untouched(
+    conn: store.Connection, settings: Settings, corpus: Path
+) -> None:
+    embedder = FakeEmbedder()
+    ingest(conn, [corpus], settings=settings, embedder=embedder)
+    write(corpus, "notes.txt", "Notes\n\nThe backup now runs at 03:00.\n")
+    report = ingest(conn, [corpus], settings=settings, embedder=embedder)
+    assert {r.source: r.status for r in report.results} == {
+        "guide.md": "unchanged",
+        "notes.txt": "ok",
+        "sub/page.html": "unchanged",
+    }
+    text = conn.execute("SELECT canonical_text FROM documents WHERE source = 'notes.txt'").fetchone()[0]
+    assert "03:00" in text
+
+
+def test_a_broken_file_fails_alone_with_a_reason(conn: store.Connection, settings: Settings, corpus: Path) -> None:
+    write(corpus, "latin1.txt", "caf\xe9 au lait".encode("latin-1"))
+    write(corpus, "empty.md", "")
+    write(corpus, "blank.md", "   \n\n  \n")
+    write(corpus, "broken.pdf", b"%PDF-1.4\nthis is not really a pdf")
+    report = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    by_source = {r.source: r for r in report.results}
+    assert by_source["guide.md"].status == "ok" and by_source["notes.txt"].status == "ok"
+    assert "not UTF-8" in (by_source["latin1.txt"].error or "")
+    assert "empty" in (by_source["empty.md"].error or "")
+    assert "no text" in (by_source["blank.md"].error or "")
+    assert "PDF" in (by_source["broken.pdf"].error or "")
+    infos = {d.source: d for d in document_statuses(conn, settings)}
+    assert infos["latin1.txt"].status == "failed" and infos["latin1.txt"].error
+    assert infos["broken.pdf"].chunk_count == 0
+
+
+def test_failed_documents_are_skipped_until_retry(conn: store.Connection, settings: Settings, corpus: Path) -> None:
+    write(corpus, "bad.txt", b"\xff\xfe\xfa")  # BOM says UTF-16, bytes are not
+    embedder = FakeEmbedder()
+    ingest(conn, [corpus], settings=settings, embedder=embedder)
+    again = ingest(conn, [corpus], settings=settings, embedder=embedder)
+    assert {r.source: r.status for r in again.results}["bad.txt"] == "failed"
+    write(corpus, "bad.txt", "now readable text")
+    fixed = ingest(conn, [corpus], settings=settings, embedder=embedder)
+    assert {r.source: r.status for r in fixed.results}["bad.txt"] == "ok"
+
+
+def test_retry_failed_reattempts_unchanged_failures(
+    conn: store.Connection, settings: Settings, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag import ingest as ingest_module
+
+    real = ingest_module.prepare_chunks
+
+    def flaky(doc, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if doc.title == "Notes":
+            raise RuntimeError("embedding backend hiccup")
+        return real(doc, *args, **kwargs)
+
+    monkeypatch.setattr(ingest_module, "prepare_chunks", flaky)
+    report = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    assert "hiccup" in ({r.source: r.error for r in report.results}["notes.txt"] or "")
+    monkeypatch.setattr(ingest_module, "prepare_chunks", real)
+    assert {r.source: r.status for r in ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder()).results}[
+        "notes.txt"
+    ] == "failed"
+    retried = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder(), retry_failed=True)
+    assert {r.source: r.status for r in retried.results}["notes.txt"] == "ok"
+
+
+def test_a_failed_update_keeps_the_previous_version(conn: store.Connection, settings: Settings, corpus: Path) -> None:
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    write(corpus, "notes.txt", b"\xc3\x28 broken utf-8")
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    row = conn.execute("SELECT * FROM documents WHERE source = 'notes.txt'").fetchone()
+    assert row["status"] == "failed" and "UTF-8" in row["error"]
+    assert row["chunk_count"] > 0 and "02:00" in row["canonical_text"]  # nothing lost
+    assert store.chunk_rows(conn, row["id"])
+
+
+def test_acl_rules_exact_path_wins_and_globs_union() -> None:
+    rules = AclRules({"hr/*.md": ["hr"], "hr/pay.md": ["payroll"], "**/secret*": ["admin"]})
+    assert rules.groups_for("hr/pay.md") == ["payroll"]
+    assert rules.groups_for("hr/leave.md") == ["hr"]
+    assert rules.groups_for("x/secret-plan.md") == ["admin"]
+    assert rules.groups_for("public.md") is None
+
+
+def test_load_acl_rejects_malformed_maps(tmp_path: Path) -> None:
+    bad = write(tmp_path, "acl.json", json.dumps({"a.md": "hr"}))
+    with pytest.raises(RagError, match="JSON object"):
+        load_acl(bad)
+    with pytest.raises(RagError, match="cannot read"):
+        load_acl(tmp_path / "missing.json")
+
+
+def test_groups_from_acl_file_and_front_matter(conn: store.Connection, settings: Settings, tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    write(root, "public.md", "# Public\n\nEveryone reads this.\n")
+    write(root, "admin.md", "---\ntitle: Admin\ngroups: [admin]\n---\n\nOnly admins.\n")
+    write(root, "hr/pay.md", "# Pay\n\nSalary bands.\n")
+    acl = write(tmp_path, "acl.json", json.dumps({"hr/*.md": ["hr"]}))
+    ingest(conn, [root], settings=settings, embedder=FakeEmbedder(), acl=load_acl(acl))
+    groups = {d.source: d.groups for d in document_statuses(conn, settings)}
+    assert groups == {"public.md": ["all"], "admin.md": ["admin"], "hr/pay.md": ["hr"]}
+    # a changed access map updates permissions without re-embedding
+    acl.write_text(json.dumps({"hr/*.md": ["hr", "finance"]}))
+    embedder = FakeEmbedder()
+    report = ingest(conn, [root], settings=settings, embedder=embedder, acl=load_acl(acl))
+    assert {r.source: r.status for r in report.results}["hr/pay.md"] == "groups"
+    assert embedder.calls == 0
+    assert {d.source: d.groups for d in document_statuses(conn, settings)}["hr/pay.md"] == ["finance", "hr"]
+
+
+def test_prune_removes_documents_whose_files_are_gone(conn: store.Connection, settings: Settings, corpus: Path) -> None:
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    (corpus / "notes.txt").unlink()
+    kept = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    assert "notes.txt" in statuses(conn, settings) and kept.count("pruned") == 0
+    pruned = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder(), prune=True)
+    assert pruned.count("pruned") == 1
+    assert "notes.txt" not in statuses(conn, settings)
+    assert (
+        conn.execute(
+            "SELECT count(*) FROM chunks k LEFT JOIN documents d ON d.id = k.document_id WHERE d.id IS NULL"
+        ).fetchone()[0]
+        == 0
+    )
+
+
+def test_another_embedding_model_is_refused_then_reindex_switches(
+    conn: store.Connection, settings: Settings, corpus: Path
+) -> None:
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    other = FakeEmbedder(model_id="fake/other", dimension=32)
+    with pytest.raises(IndexMismatchError, match="rag reindex"):
+        ingest(conn, [corpus], settings=settings, embedder=other)
+    report = reindex(conn, settings=settings, embedder=other)
+    assert report.count("ok") == 3
+    coll = store.require_collection(conn, settings.collection)
+    assert (coll.embedder, coll.dimension) == ("fake/other", 32)
+    assert (
+        conn.execute("SELECT count(*) FROM vec_chunks_32").fetchone()[0]
+        == conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    )
+    assert conn.execute("SELECT count(*) FROM vec_chunks_64").fetchone()[0] == 0
+    assert [c.name for c in store.list_collections(conn)] == [settings.collection]
+    # and now the new model is the one accepted
+    assert ingest(conn, [corpus], settings=settings, embedder=other).count("unchanged") == 3
+
+
+def test_pipeline_change_marks_documents_stale_and_reindex_refreshes(
+    conn: store.Connection, settings: Settings, corpus: Path
+) -> None:
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    assert not any(d.stale for d in document_statuses(conn, settings))
+    changed = settings.replace(chunk_tokens=40)
+    assert all(d.stale for d in document_statuses(conn, changed))
+    (corpus / "notes.txt").unlink()  # re-chunking works from the stored canonical text
+    report = reindex(conn, settings=changed, embedder=FakeEmbedder())
+    assert report.count("ok") == 3
+    assert not any(d.stale for d in document_statuses(conn, changed))
+
+
+def test_strategy_is_recorded_and_changing_it_reprocesses(
+    conn: store.Connection, settings: Settings, corpus: Path
+) -> None:
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    report = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder(), strategy="C")
+    assert report.count("ok") == 3
+    assert store.require_collection(conn, settings.collection).strategy == "C"
+    versions = {r["pipeline_version"] for r in store.document_rows(conn)}
+    assert len(versions) == 1 and "/C/" in versions.pop()
+
+
+def test_unknown_paths_and_strategies_are_clear_errors(conn: store.Connection, settings: Settings) -> None:
+    with pytest.raises(RagError, match="no such file"):
+        ingest(conn, ["/nonexistent/folder"], settings=settings, embedder=FakeEmbedder())
+    with pytest.raises(RagError, match="strategy"):
+        ingest(conn, [], settings=settings, embedder=FakeEmbedder(), strategy="Z")
