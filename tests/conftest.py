@@ -9,10 +9,10 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-from rag import store  # noqa: E402
-from rag.config import Settings, load_settings  # noqa: E402
+from rag import store
+from rag.config import Settings, load_settings
 
-from .fakes import FakeEmbedder  # noqa: E402
+from .fakes import FakeEmbedder
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_EVAL = ROOT.parent / "shared" / "eval"
