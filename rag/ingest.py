@@ -297,6 +297,8 @@ def ingest_file(
         if existing["status"] == "failed" and not retry_failed:
             return FileResult(source, "failed", error=existing["error"]), 0.0
         if existing["status"] == "ok":
+            if existing["path"] != str(found.path):  # same bytes from a moved folder: keep --prune honest
+                store.set_document_path(conn, existing["id"], str(found.path))
             return _refresh_groups(conn, coll, existing, source, acl), 0.0
     try:
         doc = extract(found.path, data)

@@ -503,6 +503,11 @@ def update_document_groups(conn: Connection, collection: Collection, document_id
             conn.execute(f"UPDATE {table} SET acl = ? WHERE chunk_id = ?", (key, chunk_id))
 
 
+def set_document_path(conn: Connection, document_id: int, path: str) -> None:
+    """Record where an unchanged document's file lives now (a moved ingest root)."""
+    conn.execute("UPDATE documents SET path = ? WHERE id = ?", (path, document_id))
+
+
 def delete_document(conn: Connection, document_id: int) -> None:
     row = conn.execute(
         "SELECT d.id, c.dimension FROM documents d JOIN collections c ON c.id = d.collection_id WHERE d.id = ?",

@@ -241,3 +241,14 @@ def test_unknown_paths_and_strategies_are_clear_errors(conn: store.Connection, s
         ingest(conn, ["/nonexistent/folder"], settings=settings, embedder=FakeEmbedder())
     with pytest.raises(RagError, match="strategy"):
         ingest(conn, [], settings=settings, embedder=FakeEmbedder(), strategy="Z")
+
+
+def test_moved_folder_updates_paths_so_prune_keeps_its_documents(
+    conn: store.Connection, settings: Settings, corpus: Path
+) -> None:
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    moved = corpus.parent / "moved"
+    corpus.rename(moved)
+    report = ingest(conn, [moved], settings=settings, embedder=FakeEmbedder(), prune=True)
+    assert report.count("pruned") == 0 and report.count("unchanged") == 3
+    assert all(row["path"].startswith(str(moved.resolve())) for row in store.document_rows(conn))
