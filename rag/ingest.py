@@ -523,3 +523,68 @@ def index_health(conn: store.Connection, settings: Settings) -> IndexHealth:
         truncated=int(truncated),
         collections={c.name: c.embedder for c in store.list_collections(conn)},
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing the embedding model of a collection
+
+VI_SHARE_FOR_E5 = 0.05  # Vietnamese prose scores 0.15-0.25 (corpus_vi); English scores 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderChoice:
+    spec: str  # what load_embedder() takes
+    note: str | None  # a sentence for the user about the choice, if any
+
+
+def spec_for_model_id(model_id: str) -> str:
+    """Turn a stamped model id back into something load_embedder accepts."""
+    return model_id[5:] if model_id.startswith("path:") else model_id
+
+
+def sample_vietnamese_share(files: Sequence[FoundFile], limit_chars: int = 200_000) -> float:
+    """Share of distinctly Vietnamese letters over a sample of the files' text."""
+    from rag.text import vietnamese_share
+
+    sample: list[str] = []
+    size = 0
+    for found in files:
+        if size >= limit_chars:
+            break
+        try:
+            text = extract(found.path).text
+        except ExtractionError:
+            continue
+        sample.append(text[: limit_chars - size])
+        size += len(sample[-1])
+    return vietnamese_share("\n".join(sample))
+
+
+def choose_embedder(
+    conn: store.Connection, paths: Sequence[str | Path], *, requested: str | None, settings: Settings,
+    collection: str | None = None,
+) -> EmbedderChoice:
+    """Which model to load for an ingest run.
+
+    An existing collection keeps its own model (asking for another one is refused later, with a
+    message naming `rag reindex`). A new collection takes ``requested`` (or ``settings.embedder``);
+    ``auto`` picks multilingual-e5-small when the files are Vietnamese, all-MiniLM-L6-v2 otherwise.
+    """
+    from rag.embedding import E5_ID, MINILM_ID
+
+    existing = store.get_collection(conn, collection or settings.collection)
+    if existing is not None and requested in (None, "auto"):
+        return EmbedderChoice(spec_for_model_id(existing.embedder), None)
+    spec = requested or settings.embedder
+    if existing is not None or spec not in ("auto", "minilm", MINILM_ID):
+        return EmbedderChoice(spec, None)
+    share = sample_vietnamese_share(discover(paths))
+    vietnamese = share >= VI_SHARE_FOR_E5
+    if spec == "auto":
+        chosen = "e5" if vietnamese else "minilm"
+        model = E5_ID if vietnamese else MINILM_ID
+        return EmbedderChoice(chosen, f"auto: {share:.0%} Vietnamese letters, using {model}")
+    if vietnamese:
+        return EmbedderChoice(spec, f"these files look Vietnamese ({share:.0%} Vietnamese letters): "
+                                    "all-MiniLM-L6-v2 is an English model; consider --embedder e5")
+    return EmbedderChoice(spec, None)
