@@ -1,0 +1,105 @@
+"""Seed 004's cut-position audit and the `rag audit cuts` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rag.audit import audit_cuts, cut_positions, describe_cut, valid_boundaries
+from rag.chunking import chunk_document, document_segments
+from rag.cli import main
+from rag.extract import extract
+from rag.models import Extracted, PageSpan
+
+from .conftest import shared_eval_or_skip
+
+PROSE = "\n\n".join(
+    " ".join(f"Paragraph {p} sentence {s} talks about chunk cuts and where they fall." for s in range(4))
+    for p in range(8)
+)
+
+
+def doc_of(text: str, extractor: str = "text") -> Extracted:
+    return Extracted(text, "Cuts", extractor, "1")
+
+
+def test_valid_boundaries_are_block_and_sentence_ends() -> None:
+    text = "Title line\n\nOne sentence. Two sentences here.\n\n- item one\n- item two\n"
+    ends = valid_boundaries(text, document_segments(doc_of(text)))
+    assert {text.index("line") + 4, text.index("sentence.") + 9, text.index("here.") + 5,
+            text.index("one\n") + 3, text.index("two") + 3} <= ends
+    assert text.index("One ") + 3 not in ends  # mid-sentence
+
+
+def test_cut_positions_skip_the_last_chunk_of_each_page() -> None:
+    doc = Extracted("aaa bbb\n\nccc ddd", "T", "pdf", "1", 0, (PageSpan(1, 0, 7), PageSpan(2, 9, 16)))
+    chunks = chunk_document(doc, strategy="A", budget=10, count_tokens=len, max_tokens=100, size=4)
+    assert [c.page for c in chunks] == [1, 1, 2, 2]
+    assert cut_positions(chunks) == [chunks[0].char_to, chunks[2].char_to]
+
+
+def test_blind_cuts_fall_mid_sentence_and_boundary_cuts_do_not() -> None:
+    doc = doc_of(PROSE)
+    blind = audit_cuts(doc, "A", size=200)
+    assert blind.cuts >= 10 and blind.outside_pct > 80
+    assert blind.outside == len(blind.outside_at)
+    for strategy in "CDEF":
+        result = audit_cuts(doc, strategy, size=200)
+        assert result.cuts >= 7 and result.outside == 0 and result.outside_pct == 0.0
+    tokens = audit_cuts(doc, "E", budget=60, count_tokens=lambda s: len(s.split()) + 2)
+    assert tokens.budget == 60 and tokens.size is None and tokens.outside == 0 and tokens.cuts > 5
+
+
+def test_audit_needs_a_size_or_a_tokenizer_for_boundary_strategies() -> None:
+    with pytest.raises(ValueError, match="token budget"):
+        audit_cuts(doc_of(PROSE), "E")
+    with pytest.raises(ValueError, match="choose one of"):
+        audit_cuts(doc_of(PROSE), "X", size=100)
+
+
+def test_describe_cut() -> None:
+    assert describe_cut("hello world\nagain", 5, width=5) == "…hello| worl…"
+    assert describe_cut("ab\ncd", 3, width=5) == "…ab⏎|cd…"
+
+
+def test_cli_audit_cuts_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "doc.txt"
+    path.write_text(PROSE, encoding="utf-8")
+    assert main(["audit", "cuts", str(path), "--strategy", "A", "--size", "300", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["file"] == str(path) and report["strategy"] == "A" and report["size"] == 300
+    assert report["cuts"] == len(PROSE) // 300 and report["outside"] == len(report["outside_at"])
+    assert main(["audit", "cuts", str(path), "--strategy", "C", "--size", "300", "--show", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy C (300-character target)" in out and "0 outside" in out and "(0.0 %)" in out
+
+
+def test_cli_audit_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "cuts", str(tmp_path / "missing.txt"), "--size", "100"]) == 1
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["audit"])  # the audit name is required (room for `rag audit channels` later)
+
+
+# ---------------------------------------------------------------------------------------------
+# Seed 004 on RFC 9562
+
+
+def test_rfc9562_blind_cuts_mostly_mid_sentence_and_boundary_cuts_never() -> None:
+    doc = extract(shared_eval_or_skip() / "rfc9562" / "rfc9562.txt")
+    blind = audit_cuts(doc, "A", size=1000)
+    assert blind.cuts >= 100 and blind.outside_pct >= 90  # seed 004: 98 %
+    for strategy in "CE":
+        result = audit_cuts(doc, strategy, size=1000)
+        assert result.cuts >= 100 and result.outside == 0  # seed 004: 0 %
+    recursive = audit_cuts(doc, "R", size=1000)
+    assert 0 < recursive.outside_pct < blind.outside_pct  # newline cuts in hard-wrapped text
+
+
+@pytest.mark.slow
+def test_rfc9562_strategy_e_at_the_default_budget(real_embedder) -> None:  # type: ignore[no-untyped-def]
+    doc = extract(shared_eval_or_skip() / "rfc9562" / "rfc9562.txt")
+    result = audit_cuts(doc, "E", budget=204, count_tokens=real_embedder.count_tokens, max_tokens=256)
+    assert result.cuts >= 100 and result.outside == 0
