@@ -89,10 +89,13 @@ def _progress_bar(total_hint: str) -> tuple[Callable[[int, int, int, str], None]
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from rag.embedding import load_embedder
-    from rag.ingest import ingest, load_acl
+    from rag.ingest import choose_embedder, ingest, load_acl
 
     conn = _open(settings)
-    embedder = load_embedder(settings.embedder, settings.threads)
+    choice = choose_embedder(conn, args.paths, requested=args.embedder, settings=settings)
+    if choice.note:
+        print(choice.note, file=sys.stderr)
+    embedder = load_embedder(choice.spec, settings.threads)
     update, close = _progress_bar("ingest")
     try:
         report = ingest(
@@ -136,11 +139,11 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
     from rag import store
     from rag.embedding import load_embedder
-    from rag.ingest import reindex
+    from rag.ingest import reindex, spec_for_model_id
 
     conn = _open(settings)
     coll = store.require_collection(conn, settings.collection)
-    embedder = load_embedder(args.embedder or _embedder_spec(coll.embedder), settings.threads)
+    embedder = load_embedder(args.embedder or spec_for_model_id(coll.embedder), settings.threads)
     update, close = _progress_bar("reindex")
     try:
         report = reindex(conn, settings=settings, embedder=embedder, collection=settings.collection,
@@ -149,11 +152,6 @@ def cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
         close()
     print(report.summary())
     return 0
-
-
-def _embedder_spec(model_id: str) -> str:
-    """Turn a stamped model id back into something load_embedder accepts."""
-    return model_id[5:] if model_id.startswith("path:") else model_id
 
 
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
@@ -211,9 +209,452 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     if demo_is_current(conn, folder, settings):
         print(f"demo corpus already indexed in {settings.db_path} (collection {settings.collection!r})")
         return 0
-    args.paths, args.acl, args.strategy, args.json = [folder], None, None, False
+    args.paths, args.acl, args.strategy, args.embedder, args.json = [folder], None, None, None, False
     args.prune = args.retry_failed = True
     return cmd_ingest(args, settings)
+
+
+# ---------------------------------------------------------------------------------------------
+# eval: `rag eval [run] --db ... --golden ...`, `rag eval compare`, `rag eval strategies`, `rag eval history`.
+# `run` is the default, so `rag eval --db F --golden G` and `rag eval compare A B` both work.
+
+
+def _write_json(value: Any, target: str) -> None:
+    if target == "-":
+        print_json(value)
+        return
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    Path(target).write_text(json.dumps(value, default=_json_default, ensure_ascii=False, indent=2) + "\n",
+                            encoding="utf-8")
+    print(f"wrote {target}", file=sys.stderr)
+
+
+def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
+    sub = {"compare": cmd_eval_compare, "strategies": cmd_eval_strategies, "history": cmd_eval_history}
+    return sub.get(args.eval_command or "run", cmd_eval_run)(args, settings)
+
+
+def cmd_eval_run(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import evaluate, store
+    from rag.embedding import load_embedder
+
+    if not args.golden:
+        raise RagError("rag eval needs --golden G.json (a golden set in the ../shared/eval/README.md format)")
+    if not Path(settings.db_path).is_file():
+        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    golden = evaluate.load_golden(args.golden)
+    conn = _open(settings)
+    coll = store.require_collection(conn, settings.collection)
+    embedder = load_embedder(coll.embedder.removeprefix("path:"), settings.threads)  # the collection's own model
+    report = evaluate.run_eval(
+        conn, golden, embedder=embedder, settings=settings, collection=coll.name,
+        stages=args.stages.split(",") if args.stages else None, ks=args.k, groups_as_golden=args.groups_as_golden,
+        sweep=args.sweep, commit=evaluate.current_commit(),
+    )
+    flipped: list[dict[str, Any]] = []
+    if args.save:
+        report["config"]["run_id"] = run_id = evaluate.save_run(conn, report)
+        flipped = evaluate.run_flips(conn, run_id, k=8)
+    if args.calibrate:
+        store.set_collection_threshold(conn, coll.name, report["gate"]["recommended"]["threshold"])
+    if args.json:
+        _write_json(report, args.json)
+    if args.json != "-":
+        print(evaluate.format_report(report, per_query=not args.brief))
+        for f in flipped:
+            print(f"flip since previous run: {f['query']} {f['stage']} R@8 {f['change']} "
+                  f"(rank {f['before']} -> {f['after']})")
+        if args.calibrate:
+            print(f"collection {coll.name!r}: gate threshold set to {report['gate']['recommended']['threshold']}")
+    if report["leaks"]["total"]:
+        print(f"error: {report['leaks']['total']} leak(s): forbidden evidence was retrieved", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_eval_compare(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import evaluate
+
+    runs = []
+    for path in args.runs:
+        try:
+            runs.append(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as e:
+            raise RagError(f"cannot read the eval JSON {path}: {e}") from e
+    if len(runs) == 1:
+        stages = (args.stages or "").split(",")
+        if len(stages) != 2:
+            raise RagError("with one run, name two of its stages: rag eval compare RUN.json --stages dense,hybrid")
+        a, b, stage_a, stage_b = runs[0], runs[0], stages[0], stages[1]
+        names = (stage_a, stage_b)
+    elif len(runs) == 2:
+        a, b = runs
+        stage_a = stage_b = args.stage or a["gate"]["stage"]
+        names = (Path(args.runs[0]).stem, Path(args.runs[1]).stem)
+    else:
+        raise RagError("rag eval compare takes one run (with --stages S1,S2) or two runs")
+    result = evaluate.compare_reports(a, b, stage_a=stage_a, stage_b=stage_b, ks=[args.k] if args.k else None)
+    if args.json:
+        print_json(result)
+    else:
+        print(evaluate.format_comparison(result, *names))
+    return 0
+
+
+def cmd_eval_strategies(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import evaluate
+    from rag.embedding import load_embedder
+    from rag.ingest import load_acl
+
+    if not args.corpus or not args.golden:
+        raise RagError("rag eval strategies needs --corpus DIR and --golden G.json")
+    golden = evaluate.load_golden(args.golden)
+    embedder = load_embedder(settings.embedder, settings.threads)
+    result = evaluate.run_strategies(
+        args.corpus, golden, settings=settings, embedder=embedder, acl=load_acl(args.acl),
+        strategies=args.strategies.split(",") if args.strategies else None, stage=args.stage, ks=args.k,
+        on_strategy=lambda s: print(f"strategy {s}: ingesting and evaluating", file=sys.stderr),
+    )
+    if args.json:
+        _write_json(result, args.json)
+    if args.json != "-":
+        print(evaluate.format_strategies(result))
+    return 0
+
+
+def cmd_eval_history(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import evaluate
+
+    if not Path(settings.db_path).is_file():
+        raise RagError(f"no database at {settings.db_path}")
+    conn = _open(settings)
+    runs = evaluate.list_runs(conn, golden_name=args.golden_name, limit=args.limit)
+    if args.json:
+        print_json(runs)
+        return 0
+    if not runs:
+        print("no evaluation runs stored: run `rag eval --db FILE --golden G.json` first")
+        return 0
+    print(evaluate.format_history(runs, k=args.k))
+    for f in evaluate.run_flips(conn, int(runs[0]["id"]), k=args.k):
+        print(f"run {runs[0]['id']} vs previous: {f['query']} {f['stage']} R@{args.k} {f['change']} "
+              f"(rank {f['before']} -> {f['after']})")
+    return 0
+
+
+def _eval_run_options(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--golden", help="golden set JSON (../shared/eval/README.md format)")
+    p.add_argument("--stages", help="comma-separated: dense,fts,hybrid,rerank (default: dense,fts,hybrid "
+                                    "and rerank when a reranker is configured)")
+    p.add_argument("-k", default="1,4,8,20", help="cut-offs for recall@k and MRR@k (default 1,4,8,20)")
+    p.add_argument("--json", metavar="OUT", help="also write the JSON report to OUT ('-': JSON on stdout only)")
+    p.add_argument("--groups-as-golden", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask each query as its item's groups (default); --no-groups-as-golden asks every "
+                        "query as a public reader, so restricted answers must be refused")
+    p.add_argument("--sweep", choices=["grid", "quantiles", "both"], default="both",
+                   help="gate thresholds: fixed 0.40-0.80 grid, quantiles of observed distances, or both")
+    p.add_argument("--save", action=argparse.BooleanOptionalAction, default=True,
+                   help="store the run in the database's history (default: yes)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="store the recommended threshold as the collection's gate threshold")
+    p.add_argument("--brief", action="store_true", help="leave out the per-query table")
+
+
+def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
+    p = sub.add_parser(
+        "eval", help="measure retrieval on a golden set (run is the default; also compare, strategies, history)",
+        description="rag eval [run] --db FILE --golden G.json ... | rag eval compare A.json [B.json] | "
+                    "rag eval strategies --corpus DIR --golden G.json | rag eval history --db FILE",
+    )
+    _eval_run_options(p)
+    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history}")
+    _eval_run_options(esub.add_parser("run", help="evaluate a database (the default)"))
+    c = esub.add_parser("compare", help="paired comparison of two runs, or of two stages of one run")
+    c.add_argument("runs", nargs="+", metavar="RUN.json")
+    c.add_argument("--stage", help="stage compared across two runs (default: the gate stage of the first)")
+    c.add_argument("--stages", help="two stages of one run, e.g. dense,hybrid")
+    c.add_argument("-k", type=int, help="one cut-off (default: every k both runs have)")
+    c.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    s = esub.add_parser("strategies", help="seed 000's chunking-strategy table over temporary databases")
+    s.add_argument("--corpus", help="folder to ingest once per strategy")
+    s.add_argument("--golden", help="golden set JSON")
+    s.add_argument("--acl", help='access map JSON {"path or glob": ["group", ...]}')
+    s.add_argument("--embedder", help="minilm | e5 | PATH (default: settings)")
+    s.add_argument("--strategies", help="comma-separated subset of A,B,C,D,E,F,R (default: all)")
+    s.add_argument("--stage", default="dense", help="retrieval stage measured (default dense, as in seed 000)")
+    s.add_argument("-k", default="1,4,8,20", help="cut-offs (default 1,4,8,20)")
+    s.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT ('-': stdout only)")
+    h = esub.add_parser("history", help="stored runs, newest first, and the flips of the latest")
+    _common(h)
+    h.add_argument("--golden-name", help="only runs on this golden set (file stem)")
+    h.add_argument("--limit", type=int, default=20)
+    h.add_argument("-k", type=int, default=8, help="cut-off shown and used for flips (default 8)")
+    h.add_argument("--json", action="store_true")
+    handlers["eval"] = cmd_eval
+
+
+# ---------------------------------------------------------------------------------------------
+# search: `rag search "Q" ...` and `rag search --queries FILE.jsonl ...` (one JSON line per query)
+
+SEARCH_STAGES = ("dense", "fts", "hybrid", "rerank")  # rag.retrieval.STAGES, without importing numpy here
+
+
+def hit_json(rank: int, hit: Any) -> dict[str, Any]:
+    """One hit as `rag search --json` prints it."""
+    return {
+        "rank": rank, "chunk_id": hit.chunk_id, "source": hit.source, "section": hit.section,
+        "from": hit.char_from, "to": hit.char_to, "page": hit.page, "distance": hit.distance,
+        "dense_rank": hit.dense_rank, "sparse_rank": hit.sparse_rank, "rrf_score": hit.rrf_score,
+        "fts_score": hit.fts_score, "rerank_score": hit.rerank_score, "rerank_fallback": hit.rerank_fallback,
+        "content": hit.content,
+    }
+
+
+def _read_queries(path: str, default_groups: list[str]) -> list[dict[str, Any]]:
+    """JSON lines {"id", "query", "groups"}; checked before any search runs."""
+    try:
+        lines = (sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")).splitlines()
+    except OSError as e:
+        raise RagError(f"cannot read the queries file {path}: {e}") from e
+    queries = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RagError(f"{path} line {number} is not JSON: {e}") from e
+        if not isinstance(item, dict) or not isinstance(item.get("query"), str):
+            raise RagError(f'{path} line {number}: expected {{"id": ..., "query": "...", "groups": [...]}}')
+        groups = item.get("groups", default_groups)
+        if isinstance(groups, str):
+            groups = _groups(groups)
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise RagError(f"{path} line {number}: groups must be a list of strings")
+        queries.append({"id": item.get("id", number), "query": item["query"], "groups": groups})
+    return queries
+
+
+def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import store
+    from rag.embedding import load_embedder
+    from rag.errors import QueryError
+    from rag.ingest import spec_for_model_id
+    from rag.rerank import load_reranker
+    from rag.retrieval import search
+
+    if (args.query is None) == (args.queries is None):
+        raise RagError('give one question ("rag search QUESTION") or --queries FILE.jsonl, not both')
+    if args.rerank:
+        settings = settings.replace(rerank=args.rerank)
+    if not Path(settings.db_path).is_file():
+        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
+    conn = _open(settings)
+    coll = store.require_collection(conn, settings.collection)
+    embedder = load_embedder(spec_for_model_id(coll.embedder), settings.threads)  # the collection's own model
+    reranker = load_reranker(settings) if args.stage == "rerank" else None
+
+    def run(query: str, groups: list[str]) -> list[dict[str, Any]]:
+        hits = search(conn, query, embedder=embedder, settings=settings, groups=groups, collection=coll.name,
+                      stage=args.stage, k=args.k, reranker=reranker)
+        return [hit_json(rank, hit) for rank, hit in enumerate(hits, start=1)]
+
+    if batch is not None:
+        for item in batch:
+            try:
+                print_json_line({"id": item["id"], "hits": run(item["query"], item["groups"])})
+            except QueryError as e:
+                print_json_line({"id": item["id"], "hits": [], "error": str(e)})
+        return 0
+    hits = run(args.query, _groups(args.groups))
+    if args.json:
+        print_json(hits)
+        return 0
+    if not hits:
+        print("no results")
+    for h in hits:
+        ranks = f"dense {h['dense_rank'] or '-'} fts {h['sparse_rank'] or '-'}"
+        rerank = f" rerank {h['rerank_score']:.3f}" if h["rerank_score"] is not None else ""
+        print(f"{h['rank']:2}. {h['source']} [{h['from']}:{h['to']}]  distance {h['distance']:.3f}  {ranks}  "
+              f"rrf {h['rrf_score']:.4f}{rerank}  {h['section']}")
+        print("    " + " ".join(h["content"].split())[:160])
+    if hits and hits[0]["rerank_fallback"]:
+        print(f"not reranked: {hits[0]['rerank_fallback']}", file=sys.stderr)
+    return 0
+
+
+def _add_search_parser(sub: Any, handlers: dict[str, Handler]) -> None:
+    p = sub.add_parser("search", help="retrieve chunks for a question (dense, fts, hybrid or rerank stage)")
+    p.add_argument("query", nargs="?", help="the question (or use --queries)")
+    _common(p)
+    p.add_argument("--queries", metavar="FILE.jsonl",
+                   help='batch mode: JSON lines {"id", "query", "groups"} (- for stdin); prints one JSON line '
+                        '{"id", "hits"} per query, loading the models once')
+    p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
+    p.add_argument("--stage", choices=SEARCH_STAGES, default="hybrid", help="retrieval stage (default: hybrid)")
+    p.add_argument("-k", type=int, help="hits to return (default: settings top_k, 20)")
+    p.add_argument("--rerank", choices=["none", "cross-encoder", "llm"], help="reranker for --stage rerank "
+                   "(default: settings rerank)")
+    p.add_argument("--json", action="store_true", help="print the hits as JSON")
+    handlers["search"] = cmd_search
+
+
+# ---------------------------------------------------------------------------------------------
+# ask: `rag ask "Q" ...` and `rag ask --queries FILE.jsonl ...` (one JSON Answer per line)
+
+
+def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import store
+    from rag.ask import ask, ask_stream
+    from rag.embedding import load_embedder
+    from rag.errors import QueryError
+    from rag.ingest import spec_for_model_id
+    from rag.models import Answer
+
+    if (args.query is None) == (args.queries is None):
+        raise RagError('give one question ("rag ask QUESTION") or --queries FILE.jsonl, not both')
+    if not Path(settings.db_path).is_file():
+        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
+    conn = _open(settings)
+    coll = store.require_collection(conn, settings.collection)
+    embedder = load_embedder(spec_for_model_id(coll.embedder), settings.threads)  # loaded once; the LLM too
+    options: dict[str, Any] = {
+        "conn": conn, "settings": settings, "collection": coll.name, "embedder": embedder,
+        "generate": not args.no_generate,
+    }
+    if batch is not None:
+        for item in batch:
+            try:
+                print_json_line({"id": item["id"], **asdict(ask(item["query"], groups=item["groups"], **options))})
+            except QueryError as e:
+                print_json_line({"id": item["id"], "status": "error", "error": str(e)})
+        return 0
+    if args.json:
+        print_json(ask(args.query, groups=_groups(args.groups), **options))
+        return 0
+    answer: Answer | None = None
+    streamed = False
+    for piece in ask_stream(args.query, groups=_groups(args.groups), **options):
+        if isinstance(piece, Answer):
+            answer = piece
+        else:
+            print(piece, end="", flush=True)
+            streamed = True
+    if answer is None:  # pragma: no cover - ask_stream always ends with the Answer
+        raise RuntimeError("ask_stream ended without an answer")
+    print() if streamed else print(answer.text)
+    if answer.message and answer.status != "no_answer":
+        print(f"({answer.message})")
+    for c in answer.citations:
+        print(f"[{c.n}] {c.title} — {c.section}\n    {c.source}{c.locator}  distance {c.distance:.3f}")
+    grounded = " grounded" if answer.grounded else ""
+    print(f"{answer.status}{grounded}, {answer.timings_ms.get('total', 0):.0f} ms", file=sys.stderr)
+    return 0
+
+
+def _add_ask_parser(sub: Any, handlers: dict[str, Handler]) -> None:
+    p = sub.add_parser("ask", help="answer a question with cited, verified sentences (or refuse)")
+    p.add_argument("query", nargs="?", help="the question (or use --queries)")
+    _common(p)
+    p.add_argument("--queries", metavar="FILE.jsonl",
+                   help='batch mode: JSON lines {"id", "query", "groups"} (- for stdin); prints one JSON Answer '
+                        'per line with its id, loading the models once')
+    p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
+    p.add_argument("--no-generate", action="store_true",
+                   help="skip the language model: answer with the extractive quote of the best source")
+    p.add_argument("--json", action="store_true", help="print the Answer as JSON")
+    handlers["ask"] = cmd_ask
+
+
+# ---------------------------------------------------------------------------------------------
+# audit: `rag audit cuts FILE ...`; each audit is a nested subcommand that sets `audit_handler`.
+
+
+def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
+    handler: Handler = args.audit_handler
+    return handler(args, settings)
+
+
+def cmd_audit_cuts(args: argparse.Namespace, settings: Settings) -> int:
+    from rag.audit import audit_cuts, describe_cut
+    from rag.chunking import default_budget
+    from rag.extract import extract
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise RagError(f"no such file: {args.file}")
+    doc = extract(path)
+    count_tokens, max_tokens, budget = None, 256, None
+    if args.strategy in "CDEF" and args.size is None:  # a token budget: needs the model's tokenizer
+        from rag.embedding import load_embedder
+
+        embedder = load_embedder(settings.embedder, settings.threads)
+        count_tokens, max_tokens = embedder.count_tokens, embedder.max_tokens
+        budget = args.budget or settings.chunk_tokens or default_budget(max_tokens)
+    result = audit_cuts(doc, args.strategy, size=args.size, budget=budget, count_tokens=count_tokens,
+                        max_tokens=max_tokens)
+    if args.json:
+        print_json({"file": args.file, **asdict(result)})
+        return 0
+    target = f"{result.size}-character target" if result.size else f"budget {result.budget} tokens"
+    if result.size is None and args.strategy in "ABR":
+        target = "default windows"
+    print(f"{args.file}: strategy {result.strategy} ({target}): {result.chunks} chunks, {result.cuts} cuts, "
+          f"{result.outside} outside a paragraph or sentence boundary ({result.outside_pct:.1f} %)")
+    for offset in result.outside_at[: args.show]:
+        print(f"  {offset:>8}  {describe_cut(doc.text, offset)}")
+    return 0
+
+
+def cmd_audit_channels(args: argparse.Namespace, settings: Settings) -> int:
+    from rag.retrieval import MAX_CHANNELS_PER_FIELD, audit_channels
+
+    if not Path(settings.db_path).is_file():
+        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    if args.rerank:
+        settings = settings.replace(rerank=args.rerank)
+    result = audit_channels(_open(settings), settings)
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"collection {result.collection!r}: {result.chunks} chunks; ranking channels and the fields that feed them")
+    for c in result.channels:
+        state = "on " if c.enabled else "off"
+        print(f"  {c.name:15} {state} fed by {', '.join(c.fields) or '-':40} {c.description}")
+    for name, channels in result.feeds.items():
+        flag = f"   <- FLAG: more than {MAX_CHANNELS_PER_FIELD} channels" if name in result.flagged else ""
+        print(f"  {name:15} feeds {len(channels)}: {', '.join(channels) or '-'}{flag}")
+    if result.flagged:
+        print(f"{', '.join(result.flagged)} feed(s) more than {MAX_CHANNELS_PER_FIELD} channels: the same words are "
+              "counted several times, which measures weight rather than meaning (seed 004)")
+    return 0
+
+
+def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
+    p = sub.add_parser("audit", help="measure the pipeline without a model run (cuts, channels)")
+    asub = p.add_subparsers(dest="audit_command", required=True, metavar="{cuts,channels}")
+    c = asub.add_parser("cuts", help="how many chunk cuts fall outside paragraph and sentence boundaries (seed 004)")
+    c.add_argument("file", help="a document (.md .txt .html .pdf)")
+    c.add_argument("--strategy", choices=list("ABCDEFR"), default="E", help="chunking strategy (default E)")
+    c.add_argument("--size", type=int, help="character target: the window of A/B (512) and R (1000); for C-F "
+                                            "the budget is then counted in characters")
+    c.add_argument("--budget", type=int, help="token budget for C-F (default: settings chunk_tokens or the "
+                                              "embedder's default)")
+    c.add_argument("--embedder", help="tokenizer for C-F budgets: minilm | PATH (default: settings)")
+    c.add_argument("--show", type=int, default=10, help="cuts outside a boundary to print (default 10)")
+    c.add_argument("--json", action="store_true", help="print the audit as JSON")
+    c.set_defaults(audit_handler=cmd_audit_cuts)
+    c = asub.add_parser("channels", help="which text fields feed each ranking channel; flags a field in more "
+                                         "than two (seed 004)")
+    _common(c)
+    c.add_argument("--rerank", choices=["none", "cross-encoder", "llm"],
+                   help="count the reranker input as if this reranker were on (default: settings rerank)")
+    c.add_argument("--json", action="store_true", help="print the audit as JSON")
+    c.set_defaults(audit_handler=cmd_audit_channels)
+    handlers["audit"] = cmd_audit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,6 +702,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = sub.add_parser("demo", help="index the bundled user guide into the default database if needed")
     _common(p)
     handlers["demo"] = cmd_demo
+
+    _add_eval_parser(sub, handlers)
+    _add_search_parser(sub, handlers)
+    _add_ask_parser(sub, handlers)
+    _add_audit_parser(sub, handlers)
 
     return parser, handlers
 

@@ -103,6 +103,7 @@ class Hit:
     rrf_score: float = 0.0
     rerank_score: float | None = None
     gated_out_reason: str | None = None
+    rerank_fallback: str | None = None  # why the rerank stage kept the RRF order (timeout, error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,7 @@ class Sentence:
     citations: list[int]
     supported: bool
     support: float  # best support score against its cited sources
+    reason: str = ""  # why it is not supported ("" when it is), for the dashboard
 
 
 @dataclass(frozen=True, slots=True)

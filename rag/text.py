@@ -57,8 +57,11 @@ def vietnamese_share(text: str) -> float:
 
 
 _VI_TONELESS_WORDS = frozenset(
-    "la cua va cho khong nhung mot cac duoc trong khi nao sao gi lam the nhu tai vi neu thi "
-    "co ban toi minh ai dau bao nhieu xu ly loi".split()
+    [
+        "la", "cua", "va", "cho", "khong", "nhung", "mot", "cac", "duoc", "trong", "khi", "nao", "sao", "gi",
+        "lam", "the", "nhu", "tai", "vi", "neu", "thi", "co", "ban", "toi", "minh", "ai", "dau", "bao", "nhieu",
+        "xu", "ly", "loi"
+    ]
 )
 
 
@@ -70,3 +73,93 @@ def detect_language(text: str) -> str:
     if words and sum(w in _VI_TONELESS_WORDS for w in words) / len(words) >= 0.3:
         return "vi"
     return "en"
+
+
+# ---------------------------------------------------------------------------------------------
+# Keywords for the FTS5 branch
+#
+# The FTS5 columns hold fold()ed text (see db/migrations/0001_initial.sql), so query tokens are
+# folded the same way: "lỗi", "LỖI" and "loi" all become "loi" and find each other.
+
+# Letters/digits, kept whole across an inner "-", ".", "_" or apostrophe so that VPN-403, 0.675,
+# v1.2.3 and max_distance stay one keyword. unicode61 splits them at index time, so each keyword
+# is later quoted as a phrase ("vpn 403" matches the token run vpn, 403). A "/" separates: in
+# questions it mostly means "or"/"per" ("salary/26", "and/or").
+_KEYWORD = re.compile(r"[^\W_]+(?:[-._'’][^\W_]+)*")
+
+MAX_KEYWORDS = 64  # a pasted page must not become a 1,000-term OR query; the first 64 distinct words
+
+ENGLISH_STOPWORDS = frozenset(
+    [
+        "a", "about", "above", "after", "again", "against", "all", "am", "an", "and", "any", "are", "as", "at",
+        "be", "because", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could",
+        "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has",
+        "have", "having", "he", "her", "here", "hers", "herself", "him", "himself", "his", "how", "i", "if",
+        "in", "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "myself", "no", "nor",
+        "not", "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "ourselves", "out",
+        "over", "own", "same", "she", "should", "so", "some", "such", "than", "that", "the", "their", "theirs",
+        "them", "themselves", "then", "there", "these", "they", "this", "those", "through", "to", "too",
+        "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who",
+        "whom", "why", "will", "with", "would", "you", "your", "yours", "yourself", "yourselves", "i'm", "i've",
+        "i'd", "it's", "don't", "doesn't", "can't", "get", "got", "please", "tell", "know", "want", "need",
+        "us", "let", "also"
+    ]
+)
+
+# Vietnamese function words, written with their tones (NFC). Vietnamese is written one syllable per
+# word, so these are syllables; content words ("lỗi", "xử", "lý", "nghỉ", "phép") are not here.
+VIETNAMESE_STOPWORDS = frozenset(
+    [
+        "à", "ạ", "ai", "anh", "ấy", "bạn", "bao", "bị", "bởi", "các", "cái", "cả", "cần", "chỉ", "chiếc",
+        "cho", "chứ", "chúng", "chưa", "có", "của", "cùng", "cũng", "đã", "đang", "đâu", "để", "đến", "đều",
+        "đó", "đây", "đấy", "được", "em", "gì", "hay", "hãy", "hoặc", "họ", "hỏi", "khi", "không", "là", "lại",
+        "lắm", "mà", "mình", "một", "nào", "này", "nếu", "nên", "nhé", "nhỉ", "như", "nhưng", "những", "nhiêu",
+        "nhiều", "nó", "nữa", "ơi", "ở", "phải", "qua", "ra", "rằng", "rất", "rồi", "sao", "sẽ", "tại", "thể",
+        "thế", "thì", "tôi", "từ", "và", "vẫn", "vậy", "về", "vì", "với", "xin"
+    ]
+)
+
+# Typed without tones, some function words collide with content words: "ma" is also mã (code),
+# "bao" báo/bảo (report, bảo hiểm), "co" cô/cờ, "la" lá, "ban" bản/bàn, "the" thẻ (card).
+# Toneless tokens are dropped only when they are unambiguous.
+_AMBIGUOUS_TONELESS = frozenset(
+    [
+        "ma", "bao", "co", "la", "ban", "the", "tu", "ve", "lai", "qua", "hay", "de", "da", "dang", "den", "ra",
+        "cho", "cai", "can"
+    ]
+)
+VIETNAMESE_STOPWORDS_TONELESS = frozenset(fold(w) for w in VIETNAMESE_STOPWORDS) - _AMBIGUOUS_TONELESS
+
+
+def is_stopword(token: str) -> bool:
+    """``token`` is casefolded NFC; one written with Vietnamese marks is judged by its exact form."""
+    if token in ENGLISH_STOPWORDS or token in VIETNAMESE_STOPWORDS:
+        return True
+    return token == fold(token) and token in VIETNAMESE_STOPWORDS_TONELESS
+
+
+def keywords(text: str) -> list[str]:
+    """Folded, deduplicated keywords of a question, stopwords dropped.
+
+    NFC -> casefold -> tokens on letters/digits (keeping VPN-403, 0.675) -> stopwords dropped ->
+    fold (tones, đ) -> deduplicated in order. A question made only of stopwords ("what is it?")
+    keeps all its tokens instead, so it still searches rather than failing. Returns [] only when
+    the text has no letter or digit at all.
+    """
+    tokens = _KEYWORD.findall(nfc(text).casefold())
+    kept = [t for t in tokens if not is_stopword(t)] or tokens
+    return list(dict.fromkeys(fold(t) for t in kept))[:MAX_KEYWORDS]
+
+
+def quote_fts(token: str) -> str:
+    """An FTS5 string: wrapped in double quotes, inner quotes doubled (as sqlite-utils quote_fts)."""
+    return '"' + token.replace('"', '""') + '"'
+
+
+def build_fts_query(text: str) -> str:
+    """The FTS5 MATCH expression for a question: every keyword quoted, OR-joined.
+
+    No FTS5 syntax from the user survives: ``NEAR(``, ``AND``, ``*``, ``^``, ``:``, ``-`` and
+    quotes are either separators or inside a quoted string. Returns "" when there is no keyword.
+    """
+    return " OR ".join(quote_fts(t) for t in keywords(text))

@@ -1,0 +1,517 @@
+"""Retrieval: a dense branch (sqlite-vec) and a sparse branch (FTS5 bm25), fused with RRF.
+
+Both branches filter INSIDE their query, never afterwards: the vec0 KNN scan carries the
+collection partition (``collection_id = :collection``) and the access metadata filter
+(``acl IN (...)``), and the FTS5 query joins ``chunks`` with the same two conditions. A reader
+who may see 2 % of the chunks therefore still gets ``k`` results, and a chunk the reader may not
+see never leaves SQLite (so it can reach neither the reranker nor the model).
+
+Every hit carries one distance, the cosine distance ``1 - cos`` between the query vector and the
+chunk's stored vector (``L2^2 / 2`` on unit vectors), also when only FTS5 found it, so the gate
+judges every hit the same way.
+
+SQL lives here as module-level constants with named parameters; a ``*_sql()`` builder returns
+the statement (filling in only the vec0 table name, an identifier chosen in code) and a
+``search_*()`` executor runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rag import store
+from rag.config import Settings
+from rag.embedding import Embedder
+from rag.errors import QueryError
+from rag.models import Hit
+from rag.rerank import Reranker, load_reranker, rerank_text
+from rag.text import build_fts_query, fold, keywords
+
+STAGES = ("dense", "fts", "hybrid", "rerank")
+RRF_K = 60  # Cormack, Clarke & Büttcher (SIGIR 2009); settings.rrf_k defaults to it
+VEC0_K_MAX = 4096  # sqlite-vec refuses a KNN `k` above this
+MISSING_DISTANCE = 2.0  # the largest cosine distance: a chunk without a stored vector is "farthest"
+
+
+# ---------------------------------------------------------------------------------------------
+# SQL
+
+# Exact float KNN. `distance` is vec0's cosine distance (the table is declared
+# distance_metric=cosine), the same function as vec_distance_cosine().
+DENSE_EXACT_SQL = """
+SELECT chunk_id, distance
+FROM {table}
+WHERE embedding MATCH :query
+  AND k = :k
+  AND collection_id = :collection
+  AND acl IN (SELECT value FROM json_each(:access_keys))
+ORDER BY distance
+"""
+
+# Binary-quantized prefilter, then exact float rescoring: the inner KNN over the 1-bit copy
+# (Hamming distance) picks :k_coarse candidates, and the outer float KNN is restricted to them
+# (vec0 pushes `chunk_id IN (...)` into its scan). Both scans carry the same filters.
+DENSE_BINARY_SQL = """
+SELECT chunk_id, distance
+FROM {table}
+WHERE embedding MATCH :query
+  AND k = :k
+  AND collection_id = :collection
+  AND acl IN (SELECT value FROM json_each(:access_keys))
+  AND chunk_id IN (
+    SELECT chunk_id
+    FROM {table}
+    WHERE embedding_bit MATCH vec_quantize_binary(:query)
+      AND k = :k_coarse
+      AND collection_id = :collection
+      AND acl IN (SELECT value FROM json_each(:access_keys))
+  )
+ORDER BY distance
+"""
+
+# bm25() with one weight per FTS5 column, in declaration order (fts_heading, fts_body).
+# bm25() is lower-is-better, so ascending order puts the best first.
+FTS_SQL = """
+SELECT k.id AS chunk_id, bm25(chunks_fts, :weight_heading, :weight_body) AS score
+FROM chunks_fts
+JOIN chunks k ON k.id = chunks_fts.rowid
+WHERE chunks_fts MATCH :match
+  AND k.collection_id = :collection
+  AND k.access_key IN (SELECT value FROM json_each(:access_keys))
+ORDER BY score, k.id
+LIMIT :k
+"""
+
+# Documents containing a term (fts5vocab 'row'); terms are folded like the indexed text.
+TERM_DOCS_SQL = """
+SELECT term, doc FROM chunks_fts_vocab WHERE term IN (SELECT value FROM json_each(:terms))
+"""
+
+# Upper bound of the chunk count (rowids only grow): enough for IDF ratios, O(log n) to read.
+CHUNK_COUNT_SQL = "SELECT coalesce(max(id), 0) FROM chunks"
+
+# The folded indexed text of FTS hits, to see which query keywords each one holds.
+FTS_TEXT_SQL = """
+SELECT id, fts_heading || ' ' || fts_body FROM chunks WHERE id IN (SELECT value FROM json_each(:ids))
+"""
+
+# Cosine distance of stored vectors to the query, for hits the dense branch did not return.
+# The JSON list drives the loop so that vec0 answers each id with a point lookup.
+VECTOR_DISTANCE_SQL = """
+SELECT v.chunk_id, vec_distance_cosine(v.embedding, :query) AS distance
+FROM json_each(:ids) AS j
+JOIN {table} AS v ON v.chunk_id = j.value
+"""
+
+# The hits' rows. The access filter is repeated here so that no code path can turn an id into
+# text for a reader who may not see it.
+HIT_ROWS_SQL = """
+SELECT k.id AS chunk_id, k.document_id, d.source, d.title, k.section, k.content,
+       k.char_from, k.char_to, k.page
+FROM chunks k
+JOIN documents d ON d.id = k.document_id
+WHERE k.id IN (SELECT value FROM json_each(:ids))
+  AND k.collection_id = :collection
+  AND k.access_key IN (SELECT value FROM json_each(:access_keys))
+"""
+
+
+def dense_sql(dimension: int, mode: str = "exact") -> str:
+    """The KNN statement for a vec0 table of ``dimension``: "exact", or "binary" when it has a bit column."""
+    if mode == "binary" and store.has_binary(dimension):
+        return DENSE_BINARY_SQL.format(table=store.vector_table(dimension))
+    if mode in ("exact", "binary"):
+        return DENSE_EXACT_SQL.format(table=store.vector_table(dimension))
+    raise ValueError(f"unknown dense mode {mode!r}; choose one of exact, binary")
+
+
+def fts_sql() -> str:
+    return FTS_SQL
+
+
+def distance_sql(dimension: int) -> str:
+    return VECTOR_DISTANCE_SQL.format(table=store.vector_table(dimension))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure math
+
+
+def fuse_rrf(rankings: list[list[int]], k: int = RRF_K) -> dict[int, float]:
+    """Reciprocal rank fusion: ``RRF(d) = sum over rankings containing d of 1 / (k + rank(d))``.
+
+    Ranks are 1-based positions in each list (best first); a list that lacks ``d`` adds
+    nothing. Cormack, Clarke & Büttcher, "Reciprocal Rank Fusion outperforms Condorcet and
+    individual Rank Learning Methods", SIGIR 2009; k = 60 as in the paper (and ranx).
+    """
+    if k < 0:
+        raise ValueError(f"the RRF constant k must be non-negative (got {k})")
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    return scores
+
+
+def order_fused(scores: dict[int, float], rankings: list[list[int]]) -> list[int]:
+    """Ids by RRF score, best first; ties go to the better single rank, then the lower id."""
+    best: dict[int, int] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            best[item] = min(best.get(item, rank), rank)
+    return sorted(scores, key=lambda item: (-scores[item], best.get(item, math.inf), item))
+
+
+# ---------------------------------------------------------------------------------------------
+# Branches (executors)
+
+
+_WORD = re.compile(r"[^\W_]+")  # unicode61's token characters: letters and digits
+
+
+def keyword_idf(n_docs: int, doc_freq: dict[str, int], keywords: Sequence[str]) -> dict[str, float]:
+    """BM25's IDF per keyword: ``ln((N - df + 0.5) / (df + 0.5) + 1)`` (Robertson & Zaragoza 2009).
+
+    A keyword of several words (``vpn-403``) takes the df of its rarest word, an upper bound on
+    the phrase's own rarity. A keyword found in no chunk at all (a typo, an unknown word) is left
+    out: no chunk can hold it, so it says nothing about which hit is better.
+    """
+    idf = {}
+    for keyword in keywords:
+        words = _WORD.findall(keyword) or [keyword]
+        df = min(doc_freq.get(w, 0) for w in words)
+        if df > 0:
+            idf[keyword] = math.log((n_docs - df + 0.5) / (df + 0.5) + 1.0)
+    return idf
+
+
+def keyword_coverage(text: str, idf: dict[str, float]) -> float:
+    """IDF-weighted share of the keywords that ``text`` (folded) holds as whole words or phrases.
+
+    This is Lucene/Elasticsearch's ``minimum_should_match`` idea with IDF weights: a chunk that
+    matches one common word of a six-word question is weak lexical evidence, however BM25 ranks it.
+    """
+    total = sum(idf.values())
+    if total <= 0:
+        return 0.0
+    padded = " " + " ".join(_WORD.findall(text)) + " "
+    held = sum(w for keyword, w in idf.items() if " " + " ".join(_WORD.findall(keyword)) + " " in padded)
+    return held / total
+
+
+def covered_fts_hits(
+    conn: store.Connection, sparse: list[tuple[int, float]], keywords: Sequence[str], min_coverage: float
+) -> list[tuple[int, float]]:
+    """The FTS hits that hold at least ``min_coverage`` of the query's keyword weight, in order."""
+    if not sparse or min_coverage <= 0 or not keywords:
+        return sparse
+    words = sorted({w for k in keywords for w in _WORD.findall(k)})
+    doc_freq = {r[0]: int(r[1]) for r in conn.execute(TERM_DOCS_SQL, {"terms": json.dumps(words)})}
+    n_docs = int(conn.execute(CHUNK_COUNT_SQL).fetchone()[0])
+    idf = keyword_idf(n_docs, doc_freq, keywords)
+    texts = {int(r[0]): r[1] for r in conn.execute(FTS_TEXT_SQL, {"ids": json.dumps([c for c, _ in sparse])})}
+    return [(cid, score) for cid, score in sparse if keyword_coverage(texts.get(cid, ""), idf) >= min_coverage]
+
+
+def _keys_param(access_keys: Sequence[int]) -> str:
+    return json.dumps([int(key) for key in access_keys])
+
+
+def search_vectors(
+    conn: store.Connection,
+    vector: np.ndarray,
+    *,
+    collection_id: int,
+    dimension: int,
+    access_keys: Sequence[int],
+    k: int,
+    mode: str = "exact",
+    oversample: int = 8,
+) -> list[tuple[int, float]]:
+    """Dense branch: ``(chunk_id, cosine distance)`` for the ``k`` nearest visible chunks, nearest first.
+
+    ``mode="binary"`` prefilters ``oversample * k`` candidates on the 1-bit copy, then ranks them
+    by exact float distance (the same distances as "exact", over a candidate subset).
+    """
+    k = min(k, VEC0_K_MAX)
+    params = {
+        "query": store.serialize_vector(vector),
+        "k": k,
+        "k_coarse": min(max(k, oversample * k), VEC0_K_MAX),
+        "collection": collection_id,
+        "access_keys": _keys_param(access_keys),
+    }
+    return [(int(r[0]), float(r[1])) for r in conn.execute(dense_sql(dimension, mode), params)]
+
+
+def search_fts(
+    conn: store.Connection,
+    match: str,
+    *,
+    collection_id: int,
+    access_keys: Sequence[int],
+    k: int,
+    weights: tuple[float, float] = (3.0, 1.0),
+) -> list[tuple[int, float]]:
+    """Sparse branch: ``(chunk_id, bm25)`` for the best ``k`` visible chunks (bm25 lower is better).
+
+    ``match`` must come from ``build_fts_query`` (every token quoted); "" finds nothing.
+    """
+    if not match:
+        return []
+    params = {
+        "match": match,
+        "weight_heading": weights[0],
+        "weight_body": weights[1],
+        "collection": collection_id,
+        "access_keys": _keys_param(access_keys),
+        "k": k,
+    }
+    return [(int(r[0]), float(r[1])) for r in conn.execute(fts_sql(), params)]
+
+
+def vector_distances(
+    conn: store.Connection, vector: np.ndarray, dimension: int, chunk_ids: Sequence[int]
+) -> dict[int, float]:
+    """Cosine distance of each chunk's stored vector to ``vector`` (point lookups)."""
+    if not chunk_ids:
+        return {}
+    params = {"query": store.serialize_vector(vector), "ids": json.dumps([int(i) for i in chunk_ids])}
+    return {int(r[0]): float(r[1]) for r in conn.execute(distance_sql(dimension), params)}
+
+
+def hit_rows(
+    conn: store.Connection, chunk_ids: Sequence[int], *, collection_id: int, access_keys: Sequence[int]
+) -> dict[int, Any]:
+    if not chunk_ids:
+        return {}
+    params = {
+        "ids": json.dumps([int(i) for i in chunk_ids]),
+        "collection": collection_id,
+        "access_keys": _keys_param(access_keys),
+    }
+    return {int(r["chunk_id"]): r for r in conn.execute(HIT_ROWS_SQL, params)}
+
+
+# ---------------------------------------------------------------------------------------------
+# search()
+
+
+def check_query(query: str) -> str:
+    """The NFC, stripped question, or QueryError saying why it cannot be searched."""
+    text = unicodedata.normalize("NFC", query or "").strip()
+    if not text:
+        raise QueryError("the question is empty: type a few words to search for")
+    if not keywords(text):
+        raise QueryError(f"nothing to search for in {text[:80]!r}: the question needs at least one letter or digit")
+    return text
+
+
+def search(
+    conn: store.Connection,
+    query: str,
+    *,
+    embedder: Embedder,
+    settings: Settings,
+    groups: Sequence[str] = ("all",),
+    collection: str | None = None,
+    stage: str = "hybrid",
+    k: int | None = None,
+    reranker: Reranker | None = None,
+) -> list[Hit]:
+    """The best ``k`` chunks for ``query`` that a reader holding ``groups`` may see.
+
+    Stages: "dense" (vectors only), "fts" (FTS5 bm25 only), "hybrid" (both, fused with RRF over
+    each branch's top ``settings.candidates``), "rerank" (hybrid, then ``reranker`` over the first
+    ``settings.rerank_depth``; built from settings when None). Every hit keeps its
+    ``dense_rank``/``sparse_rank`` (1-based, None when that branch did not return it),
+    ``rrf_score`` (over the branches the stage used) and cosine ``distance``.
+
+    Raises QueryError for an empty question or one without letters/digits, NotFoundError for
+    an unknown collection, IndexMismatchError when ``embedder`` is not the collection's model.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
+    k = settings.top_k if k is None else k
+    if k < 1:
+        raise QueryError(f"k must be at least 1 (got {k})")
+    text = check_query(query)
+    coll = store.require_collection(conn, collection or settings.collection)
+    store.check_embedder(coll, embedder.model_id, embedder.dimension)
+    access_keys = store.visible_access_keys(conn, groups)
+    wanted = max(k, settings.rerank_depth) if stage == "rerank" else k
+    per_branch = max(settings.candidates, wanted)
+    vector = np.asarray(embedder.embed_queries([text])[0], dtype=np.float32)
+
+    dense: list[tuple[int, float]] = []
+    sparse: list[tuple[int, float]] = []
+    if stage != "fts":
+        dense = search_vectors(
+            conn, vector, collection_id=coll.id, dimension=coll.dimension, access_keys=access_keys,
+            k=per_branch, mode=settings.dense_mode, oversample=settings.binary_oversample,
+        )
+    if stage != "dense":
+        sparse = search_fts(
+            conn, build_fts_query(text), collection_id=coll.id, access_keys=access_keys, k=per_branch,
+            weights=(settings.weight_section, settings.weight_content),
+        )
+        if stage != "fts":  # in fusion, only hits holding most of the keyword weight may vote
+            sparse = covered_fts_hits(conn, sparse, keywords(text), settings.fts_min_coverage)
+    rankings = [[cid for cid, _ in branch] for branch in (dense, sparse) if branch]
+    scores = fuse_rrf(rankings, settings.rrf_k)
+    ordered = order_fused(scores, rankings)[:wanted]
+
+    distances = {cid: d for cid, d in dense}
+    missing = [cid for cid in ordered if cid not in distances]
+    distances.update(vector_distances(conn, vector, coll.dimension, missing))
+    rows = hit_rows(conn, ordered, collection_id=coll.id, access_keys=access_keys)
+    dense_rank = {cid: rank for rank, (cid, _) in enumerate(dense, start=1)}
+    sparse_rank = {cid: rank for rank, (cid, _) in enumerate(sparse, start=1)}
+    bm25 = dict(sparse)
+    hits = [
+        Hit(
+            chunk_id=cid,
+            document_id=int(rows[cid]["document_id"]),
+            source=rows[cid]["source"],
+            title=rows[cid]["title"],
+            section=rows[cid]["section"],
+            content=rows[cid]["content"],
+            char_from=int(rows[cid]["char_from"]),
+            char_to=int(rows[cid]["char_to"]),
+            page=rows[cid]["page"],
+            distance=distances.get(cid, MISSING_DISTANCE),
+            dense_rank=dense_rank.get(cid),
+            sparse_rank=sparse_rank.get(cid),
+            fts_score=bm25.get(cid),
+            rrf_score=scores[cid],
+        )
+        for cid in ordered
+        if cid in rows
+    ]
+    if stage != "rerank":
+        return hits[:k]
+    if reranker is None:
+        reranker = load_reranker(settings)
+    depth = settings.rerank_depth
+    return (reranker.rank(text, hits[:depth]) + hits[depth:])[:k]
+
+
+# ---------------------------------------------------------------------------------------------
+# Channel audit: which text fields feed which ranking channel (seed 004: a field counted in three
+# of four channels measures weight, not meaning).
+
+AUDIT_FIELDS = ("title", "section path", "header", "content")
+MAX_CHANNELS_PER_FIELD = 2
+FEEDS_SHARE = 0.5  # a field feeds a channel when it is found there in at least half of the chunks
+
+AUDIT_ROWS_SQL = """
+SELECT k.id, k.section, k.text, k.content, k.fts_heading, k.fts_body, d.title
+FROM chunks k
+JOIN documents d ON d.id = k.document_id
+WHERE k.collection_id = :collection
+ORDER BY k.id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    name: str
+    description: str
+    enabled: bool
+    shares: dict[str, float] = field(default_factory=dict)  # field -> share of chunks it is found in
+    fields: list[str] = field(default_factory=list)  # fields that feed it (share >= FEEDS_SHARE)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelAudit:
+    collection: str
+    chunks: int
+    channels: list[Channel]
+    feeds: dict[str, list[str]]  # field -> enabled channels it feeds
+    flagged: list[str]  # fields feeding more than MAX_CHANNELS_PER_FIELD enabled channels
+
+
+def _norm_audit(text: str) -> str:
+    return " ".join(fold(text).split())
+
+
+def chunk_fields(title: str, section: str, text: str, content: str) -> dict[str, str]:
+    """The text fields of one chunk: title, section path (headings under the title), the
+    contextual header (what the chunker put in ``text`` besides the content) and the content."""
+    path = section
+    for sep in (" > ", ">"):
+        if title and section.startswith(title + sep):
+            path = section[len(title) + len(sep) :]
+            break
+    else:
+        if section == title:
+            path = ""
+    header = text.replace(content, "", 1).strip() if content and content in text else ""
+    return {"title": title, "section path": path, "header": header, "content": content}
+
+
+def fields_in(channel_text: str, fields: dict[str, str]) -> dict[str, bool]:
+    """Which fields occur in a channel's text (folded, whitespace collapsed).
+
+    The content is looked for first and removed, so that a title word that happens to occur in
+    the body does not count as the title feeding a body channel.
+    """
+    haystack = _norm_audit(channel_text)
+    content = _norm_audit(fields["content"])
+    found = {"content": bool(content) and content in haystack}
+    rest = haystack.replace(content, " ", 1) if found["content"] else haystack
+    for name in AUDIT_FIELDS:
+        if name != "content":
+            value = _norm_audit(fields[name])
+            found[name] = bool(value) and value in rest
+    return found
+
+
+def audit_channels(conn: store.Connection, settings: Settings, collection: str | None = None) -> ChannelAudit:
+    """List every ranking channel and the text fields that feed it, measured on the stored chunks.
+
+    Channels: the vector (``chunks.text`` is what was embedded), the two FTS5 columns (folded
+    text), and the reranker input (counted when ``settings.rerank`` is not "none").
+    """
+    coll = store.require_collection(conn, collection or settings.collection)
+    reranking = settings.rerank != "none"
+    specs = [
+        ("vector", "chunks.text, embedded by " + coll.embedder, True),
+        ("fts_heading", f"FTS5 column 1, folded (bm25 weight {settings.weight_section:g})", True),
+        ("fts_body", f"FTS5 column 2, folded (bm25 weight {settings.weight_content:g})", True),
+        ("reranker input", f"rerank_text(hit) for the {settings.rerank!r} reranker", reranking),
+    ]
+    counts = {spec[0]: dict.fromkeys(AUDIT_FIELDS, 0) for spec in specs}
+    present = dict.fromkeys(AUDIT_FIELDS, 0)
+    total = 0
+    for row in conn.execute(AUDIT_ROWS_SQL, {"collection": coll.id}):
+        total += 1
+        fields = chunk_fields(row["title"] or "", row["section"] or "", row["text"], row["content"])
+        for name, value in fields.items():
+            present[name] += bool(value.strip())
+        hit_like = Hit(0, 0, "", row["title"] or "", row["section"] or "", row["content"], 0, 0, None, 0.0)
+        texts = {
+            "vector": row["text"],
+            "fts_heading": row["fts_heading"],
+            "fts_body": row["fts_body"],
+            "reranker input": rerank_text(hit_like),
+        }
+        for channel, channel_text in texts.items():
+            for name, found in fields_in(channel_text, fields).items():
+                counts[channel][name] += found
+    channels = []
+    for name, description, enabled in specs:
+        shares = {f: (counts[name][f] / present[f] if present[f] else 0.0) for f in AUDIT_FIELDS}
+        fed = [f for f in AUDIT_FIELDS if present[f] and shares[f] >= FEEDS_SHARE]
+        channels.append(Channel(name, description, enabled, shares, fed))
+    feeds = {f: [c.name for c in channels if c.enabled and f in c.fields] for f in AUDIT_FIELDS}
+    flagged = [f for f, names in feeds.items() if len(names) > MAX_CHANNELS_PER_FIELD]
+    return ChannelAudit(coll.name, total, channels, feeds, flagged)

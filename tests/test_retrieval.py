@@ -1,0 +1,641 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from rank_bm25 import BM25Okapi
+
+from rag import retrieval, store
+from rag.config import Settings
+from rag.errors import IndexMismatchError, NotFoundError, QueryError
+from rag.ingest import ingest
+from rag.models import Chunk, Hit
+from rag.retrieval import (
+    RRF_K,
+    STAGES,
+    audit_channels,
+    build_fts_query,
+    chunk_fields,
+    dense_sql,
+    fields_in,
+    fuse_rrf,
+    order_fused,
+    search,
+    search_fts,
+    search_vectors,
+)
+from rag.text import fold
+
+from .fakes import FakeEmbedder
+
+CORPUS = {
+    "handbook/leave.md": (
+        "---\ntitle: Leave\n---\n## Annual leave\n\nEmployees earn paid vacation days every pay period.\n\n"
+        "## Sick leave\n\nSick leave covers illness and medical appointments.\n"
+    ),
+    "handbook/vpn.md": (
+        "---\ntitle: Hướng dẫn VPN\n---\n## Lỗi thường gặp\n\nlỗi VPN-403 xử lý sao: khởi động lại ứng dụng "
+        "rồi đăng nhập lại.\n\n## Cài đặt\n\nCài ứng dụng VPN từ cổng nội bộ, đăng nhập bằng tài khoản công ty.\n"
+    ),
+    "handbook/benefits.md": (
+        "---\ntitle: Phúc lợi\n---\n## Lợi ích\n\nQuyền lợi bảo hiểm và đường dây hỗ trợ nhân viên.\n"
+    ),
+    "handbook/git.md": "---\ntitle: Git\n---\n## Signing\n\nSign every commit with a gpg key.\n",
+    "hr/salary.md": (
+        "---\ntitle: Salary\ngroups: [hr]\n---\n## Pay cap\n\nThe salary band cap for paid vacation payouts is "
+        "191,900 dollars.\n"
+    ),
+    "hr/parental.md": (
+        "---\ntitle: Parental leave\ngroups: [hr]\n---\n## Agreement\n\nPaid parental leave needs a twelve week "
+        "return to work agreement; vacation days are separate.\n"
+    ),
+}
+FORBIDDEN = ("hr/salary.md", "hr/parental.md")
+
+
+def write_corpus(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def corpus(conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path) -> store.Connection:
+    report = ingest(conn, [write_corpus(tmp_path / "docs", CORPUS)], settings=settings, embedder=fake_embedder)
+    assert not report.failed
+    return conn
+
+
+class ReverseReranker:
+    """Scores by position, reversed: proves the rerank stage reorders and keeps the rest."""
+
+    name = "reverse"
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def rank(self, query: str, hits: Sequence[Hit]) -> list[Hit]:
+        self.seen = [h.chunk_id for h in hits]
+        return [dataclasses.replace(h, rerank_score=float(i)) for i, h in reversed(list(enumerate(hits)))]
+
+
+# ---------------------------------------------------------------------------------------------
+# RRF arithmetic
+
+
+def test_fuse_rrf_by_hand() -> None:
+    scores = fuse_rrf([[1, 2, 3], [3, 1, 4]])
+    assert scores[1] == pytest.approx(1 / 61 + 1 / 62)  # 0.0325224...
+    assert scores[1] == pytest.approx(0.03252247488101534)
+    assert scores[2] == pytest.approx(1 / 62)
+    assert scores[3] == pytest.approx(1 / 63 + 1 / 61)  # 0.0322659...
+    assert scores[3] == pytest.approx(0.03226647357650856)
+    assert scores[4] == pytest.approx(1 / 63)
+    assert order_fused(scores, [[1, 2, 3], [3, 1, 4]]) == [1, 3, 2, 4]
+    assert RRF_K == 60
+
+
+def test_fuse_rrf_other_k_and_empty() -> None:
+    assert fuse_rrf([[7]], k=0) == {7: 1.0}
+    assert fuse_rrf([[7, 8], []], k=1) == {7: 0.5, 8: pytest.approx(1 / 3)}
+    assert fuse_rrf([]) == {}
+    with pytest.raises(ValueError):
+        fuse_rrf([[1]], k=-1)
+
+
+def test_seed_001_example_rank_12_jumps_to_2() -> None:
+    """Seed 001: the only chunk with the exact code sits at dense rank 12 and sparse rank 1."""
+    dense = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 999]
+    sparse = [999, 101, 200]
+    order = order_fused(fuse_rrf([dense, sparse]), [dense, sparse])
+    assert order[:2] == [101, 999]
+
+
+def test_order_fused_breaks_ties_by_best_rank_then_id() -> None:
+    rankings = [[5, 9], [9, 5], [3]]
+    scores = fuse_rrf(rankings)
+    assert scores[5] == scores[9]
+    assert order_fused(scores, rankings) == [5, 9, 3]
+    assert order_fused({4: 0.1, 2: 0.1}, [[4], [2]]) == [2, 4]
+
+
+# ---------------------------------------------------------------------------------------------
+# search(): signals on every hit
+
+
+def test_hybrid_hits_carry_ranks_rrf_and_cosine_distance(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    query = "paid vacation days"
+    dense = search(corpus, query, embedder=fake_embedder, settings=settings, stage="dense", k=50)
+    sparse = search(corpus, query, embedder=fake_embedder, settings=settings, stage="fts", k=50)
+    hybrid = search(corpus, query, embedder=fake_embedder, settings=settings, stage="hybrid", k=50)
+    dense_rank = {h.chunk_id: i for i, h in enumerate(dense, 1)}
+    sparse_rank = {h.chunk_id: i for i, h in enumerate(sparse, 1)}
+    assert sparse and dense
+    assert {h.chunk_id for h in hybrid} == set(dense_rank) | set(sparse_rank)
+    vectors = {int(r["id"]): fake_embedder.embed_passages([r["text"]])[0] for r in store.chunk_rows(corpus)}
+    q = fake_embedder.embed_queries([query])[0]
+    for hit in hybrid:
+        assert hit.dense_rank == dense_rank.get(hit.chunk_id)
+        assert hit.sparse_rank == sparse_rank.get(hit.chunk_id)
+        expected = sum(1 / (RRF_K + r) for r in (hit.dense_rank, hit.sparse_rank) if r is not None)
+        assert hit.rrf_score == pytest.approx(expected)
+        assert hit.distance == pytest.approx(1 - float(q @ vectors[hit.chunk_id]), abs=1e-5)
+        assert (hit.fts_score is None) == (hit.sparse_rank is None)
+    scores = [h.rrf_score for h in hybrid]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_fts_only_hit_distance_equals_the_dense_branch_distance(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    sparse = search(corpus, "gpg commit", embedder=fake_embedder, settings=settings, stage="fts")
+    dense = {h.chunk_id: h.distance for h in search(corpus, "gpg commit", embedder=fake_embedder, settings=settings,
+                                                    stage="dense", k=100)}
+    assert sparse
+    for hit in sparse:
+        assert hit.dense_rank is None
+        assert hit.distance == pytest.approx(dense[hit.chunk_id], abs=1e-6)
+
+
+def test_stage_results_are_cut_to_k(corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder) -> None:
+    for stage in STAGES:
+        assert len(search(corpus, "leave vacation", embedder=fake_embedder, settings=settings, stage=stage, k=2)) == 2
+    assert len(search(corpus, "leave vacation", embedder=fake_embedder, settings=settings.replace(top_k=3))) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Permissions
+
+
+@pytest.mark.parametrize("mode", ["exact", "binary"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_forbidden_documents_never_appear(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, stage: str, mode: str
+) -> None:
+    tuned = settings.replace(dense_mode=mode)
+    for query in ("salary band cap for paid vacation payouts", "parental leave return to work agreement"):
+        hits = search(corpus, query, embedder=fake_embedder, settings=tuned, stage=stage, k=50,
+                      reranker=ReverseReranker())
+        assert hits
+        assert not {h.source for h in hits} & set(FORBIDDEN)
+        # The same search for a reader holding the group does find them.
+        allowed = search(corpus, query, embedder=fake_embedder, settings=tuned, stage=stage, k=50, groups=["hr"],
+                         reranker=ReverseReranker())
+        assert {h.source for h in allowed} & set(FORBIDDEN)
+
+
+ACCESS_CONDITIONS = {
+    "DENSE_EXACT_SQL": "AND acl IN (SELECT value FROM json_each(:access_keys))",
+    "DENSE_BINARY_SQL": "AND acl IN (SELECT value FROM json_each(:access_keys))",
+    "FTS_SQL": "AND k.access_key IN (SELECT value FROM json_each(:access_keys))",
+    "HIT_ROWS_SQL": "AND k.access_key IN (SELECT value FROM json_each(:access_keys))",
+}
+
+
+@pytest.mark.parametrize("stage", ["dense", "fts", "hybrid"])
+def test_the_leak_check_can_fail_without_the_filter(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch,
+    stage: str,
+) -> None:
+    """Companion to the test above: with the access condition removed from the SQL, the same
+    search as an "all" reader returns the restricted documents, so that test is able to fail."""
+    for name, condition in ACCESS_CONDITIONS.items():
+        sql = getattr(retrieval, name)
+        assert condition in sql, f"{name} no longer carries the access condition this test removes"
+        monkeypatch.setattr(retrieval, name, sql.replace(condition, ""))
+    hits = search(corpus, "salary band cap for paid vacation payouts", embedder=fake_embedder, settings=settings,
+                  stage=stage, k=50)
+    assert {h.source for h in hits} & set(FORBIDDEN)
+
+
+@pytest.mark.parametrize("mode", ["exact", "binary"])
+@pytest.mark.parametrize("stage", ["dense", "fts", "hybrid"])
+def test_reader_who_sees_few_chunks_still_gets_k(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path, stage: str, mode: str
+) -> None:
+    files = {f"eng/{i:03}.md": f"---\ngroups: [eng]\n---\nVPN client install guide step {i}.\n" for i in range(150)}
+    files |= {f"pub/{i}.md": f"Public note {i}: the VPN client install guide lives on the portal.\n" for i in range(4)}
+    ingest(conn, [write_corpus(tmp_path / "many", files)], settings=settings, embedder=fake_embedder)
+    tuned = settings.replace(dense_mode=mode, candidates=4, binary_oversample=2)
+    query = "VPN client install guide step"
+    for_eng = search(conn, query, embedder=fake_embedder, settings=tuned, stage=stage, k=4, groups=["eng"])
+    assert all(h.source.startswith("eng/") for h in for_eng)  # so filtering a global top 4 would leave nothing
+    hits = search(conn, query, embedder=fake_embedder, settings=tuned, stage=stage, k=4)
+    assert sorted(h.source for h in hits) == [f"pub/{i}.md" for i in range(4)]
+
+
+# ---------------------------------------------------------------------------------------------
+# FTS branch
+
+
+INJECTIONS = ['"', "*", "NEAR(", "OR", "AND", "NOT", "^", "-", "(", ")", ":", '")', "fts_body:", "NEAR(a b, 2)", "''"]
+
+
+@pytest.mark.parametrize("injection", INJECTIONS)
+def test_fts_syntax_in_a_question_neither_raises_nor_changes_results(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, injection: str
+) -> None:
+    plain = search(corpus, "vacation days", embedder=fake_embedder, settings=settings, stage="fts")
+    assert plain
+    for text in (f"vacation {injection} days", f"{injection} vacation days", f"vacation days {injection}"):
+        hits = search(corpus, text, embedder=fake_embedder, settings=settings, stage="fts")
+        if re.search(r"[^\W_]", injection):  # a word such as NEAR or fts_body becomes one more quoted keyword
+            assert {h.chunk_id for h in plain} <= {h.chunk_id for h in hits}
+        else:
+            assert [h.chunk_id for h in hits] == [h.chunk_id for h in plain]
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=st.sampled_from(list('abđệ0-.:*^"()_ NEAROTD\'')), max_size=30) | st.text(max_size=30))
+def test_any_text_gives_a_valid_fts_query(corpus: store.Connection, settings: Settings, text: str) -> None:
+    coll = store.require_collection(corpus, settings.collection)
+    # Never an SQLite error: either no keyword (nothing to run) or a query FTS5 accepts.
+    search_fts(corpus, build_fts_query(text), collection_id=coll.id, access_keys=[1, 2, 3], k=5)
+
+
+def test_every_keyword_form_is_searchable(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    hits = search(corpus, "VPN-403", embedder=fake_embedder, settings=settings, stage="fts")
+    assert [h.source for h in hits] == ["handbook/vpn.md"]
+    assert "VPN-403" in hits[0].content
+    assert search(corpus, "191,900", embedder=fake_embedder, settings=settings, stage="fts", groups=["hr"])
+
+
+def test_toneless_question_finds_toned_text(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    for stage in ("fts", "hybrid"):
+        hits = search(corpus, "loi VPN-403 xu ly sao", embedder=fake_embedder, settings=settings, stage=stage)
+        assert "lỗi VPN-403 xử lý sao" in hits[0].content
+    # đ is folded too (unicode61 alone never maps it to d).
+    hits = search(corpus, "duong day ho tro", embedder=fake_embedder, settings=settings, stage="fts")
+    assert "đường dây hỗ trợ" in hits[0].content
+
+
+def _bm25_corpus(conn: store.Connection, texts: list[str], embedder: FakeEmbedder) -> list[int]:
+    """Store one chunk per text with an empty heading column, so FTS5 sees exactly the body tokens."""
+    coll = store.create_collection(conn, "bm25", embedder.model_id, embedder.dimension)
+    ids = []
+    for i, text in enumerate(texts):
+        chunk = Chunk(0, "", text, text, 0, len(text))
+        version = store.DocumentVersion(
+            source=f"d{i}.txt", path=f"/d{i}.txt", title="", groups=["all"], content_hash=str(i), bytes_hash=str(i),
+            canonical_text=text, extractor="text", extractor_version="1", embedder=embedder.model_id,
+            dimension=embedder.dimension, pipeline_version="test",
+        )
+        vector = embedder.embed_passages([text])[0]
+        doc_id = store.replace_document(conn, coll, version, [store.StoredChunk(chunk, vector, "", fold(text))])
+        ids.append(int(conn.execute("SELECT id FROM chunks WHERE document_id = ?", (doc_id,)).fetchone()[0]))
+    return ids
+
+
+BM25_TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a fox and another fox met a badger by the old oak",
+    "badger setts are dug deep in woodland",
+    "woodland birds sing at dawn near the river",
+    "the river otter hunts fish at dawn",
+    "otter and badger and fox share the woodland in winter",
+    "fish swim upstream in the cold river water every spring",
+    "cold water fish include trout and salmon",
+]
+
+
+@pytest.mark.parametrize("query", ["fox badger", "otter", "trout salmon", "cold river fish", "oak winter dawn"])
+def test_fts_order_and_scores_match_rank_bm25(
+    conn: store.Connection, fake_embedder: FakeEmbedder, query: str
+) -> None:
+    """FTS5 bm25() is Okapi BM25 with k1 = 1.2, b = 0.75 and idf = ln((N - n + 0.5) / (n + 0.5)).
+
+    Every query term is rare (in fewer than half of the documents), where rank_bm25's idf floor
+    does not apply, so scores agree and not only the order.
+    """
+    ids = _bm25_corpus(conn, BM25_TEXTS, fake_embedder)
+    tokenised = [re.findall(r"[^\W_]+", fold(t)) for t in BM25_TEXTS]
+    terms = [t for t in re.findall(r"[^\W_]+", build_fts_query(query)) if t != "OR"]
+    for term in terms:
+        assert sum(term in doc for doc in tokenised) < len(BM25_TEXTS) / 2
+    reference = BM25Okapi(tokenised, k1=1.2, b=0.75).get_scores(terms)
+    expected = sorted((i for i in range(len(ids)) if reference[i] > 0), key=lambda i: (-reference[i], ids[i]))
+    coll = store.require_collection(conn, "bm25")
+    found = search_fts(conn, build_fts_query(query), collection_id=coll.id, access_keys=[1], k=10, weights=(3.0, 1.0))
+    assert [cid for cid, _ in found] == [ids[i] for i in expected]
+    assert [-score for _, score in found] == pytest.approx([reference[i] for i in expected], rel=1e-6)
+
+
+def test_heading_column_weighs_more_than_body(conn: store.Connection, fake_embedder: FakeEmbedder) -> None:
+    coll = store.create_collection(conn, "w", fake_embedder.model_id, fake_embedder.dimension)
+    rows = []
+    pairs = [("Overtime", "Rules for extra hours."), ("Travel", "Overtime while travelling.")]
+    for i, (heading, body) in enumerate(pairs):
+        chunk = Chunk(0, heading, body, f"{heading}\n\n{body}", 0, len(body))
+        version = store.DocumentVersion(
+            source=f"{i}.md", path=f"/{i}.md", title=heading, groups=["all"], content_hash=str(i), bytes_hash=str(i),
+            canonical_text=body, extractor="text", extractor_version="1", embedder=fake_embedder.model_id,
+            dimension=fake_embedder.dimension, pipeline_version="test",
+        )
+        stored = store.StoredChunk(chunk, fake_embedder.embed_passages([chunk.text])[0], fold(heading), fold(body))
+        rows.append(store.replace_document(conn, coll, version, [stored]))
+    heavy = search_fts(conn, '"overtime"', collection_id=coll.id, access_keys=[1], k=5, weights=(3.0, 1.0))
+    light = search_fts(conn, '"overtime"', collection_id=coll.id, access_keys=[1], k=5, weights=(0.1, 1.0))
+    assert [cid for cid, _ in heavy] != [cid for cid, _ in light]
+    assert heavy[0][0] == rows[0]  # chunk ids equal document ids here (one chunk each)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense branch
+
+
+def test_binary_prefilter_with_enough_candidates_equals_exact(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    coll = store.require_collection(corpus, settings.collection)
+    q = fake_embedder.embed_queries(["sick leave and illness"])[0]
+    common = dict(collection_id=coll.id, dimension=coll.dimension, access_keys=[1, 2], k=5)
+    exact = search_vectors(corpus, q, mode="exact", **common)  # type: ignore[arg-type]
+    binary = search_vectors(corpus, q, mode="binary", oversample=100, **common)  # type: ignore[arg-type]
+    assert [c for c, _ in binary] == [c for c, _ in exact]
+    assert [d for _, d in binary] == pytest.approx([d for _, d in exact])
+
+
+def test_binary_prefilter_rescores_only_its_candidates(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> None:
+    files = {f"{i:03}.md": f"note {i} about topic {i % 7} and item {i % 11}\n" for i in range(60)}
+    ingest(conn, [write_corpus(tmp_path / "n", files)], settings=settings, embedder=fake_embedder)
+    coll = store.require_collection(conn, settings.collection)
+    q = fake_embedder.embed_queries(["topic 3 item 5"])[0]
+    table = store.vector_table(coll.dimension)
+    coarse = {int(r[0]) for r in conn.execute(
+        f"SELECT chunk_id FROM {table} WHERE embedding_bit MATCH vec_quantize_binary(?) AND k = 6",
+        (store.serialize_vector(q),))}
+    binary = search_vectors(conn, q, collection_id=coll.id, dimension=coll.dimension, access_keys=[1], k=3,
+                            mode="binary", oversample=2)
+    assert len(binary) == 3
+    assert {c for c, _ in binary} <= coarse
+    exact_distances = dict(search_vectors(conn, q, collection_id=coll.id, dimension=coll.dimension,
+                                          access_keys=[1], k=60))
+    for cid, distance in binary:
+        assert distance == pytest.approx(exact_distances[cid])
+    assert [d for _, d in binary] == sorted(d for _, d in binary)
+
+
+def test_binary_mode_without_a_bit_column_uses_exact() -> None:
+    assert "embedding_bit" in dense_sql(64, "binary")
+    assert "embedding_bit" not in dense_sql(60, "binary")
+    with pytest.raises(ValueError, match="exact, binary"):
+        dense_sql(64, "hnsw")
+
+
+def test_search_works_on_a_dimension_without_bit_column(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    embedder = FakeEmbedder(dimension=60)
+    ingest(conn, [write_corpus(tmp_path / "d", {"a.md": "alpha beta\n", "b.md": "gamma delta\n"})],
+           settings=settings, embedder=embedder)
+    hits = search(conn, "gamma", embedder=embedder, settings=settings.replace(dense_mode="binary"), stage="dense")
+    assert hits[0].source == "b.md"
+
+
+@pytest.mark.slow
+def test_cosine_distance_is_half_squared_l2_on_real_vectors(
+    conn: store.Connection, settings: Settings, real_embedder, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    files = {
+        "leave.md": "## Leave\n\nEmployees earn annual leave every pay period.\n\n## Sick\n\nSick leave is separate.\n",
+        "vpn.md": "## VPN\n\nlỗi VPN-403 xử lý sao: khởi động lại ứng dụng.\n",
+    }
+    ingest(conn, [write_corpus(tmp_path / "real", files)], settings=settings, embedder=real_embedder)
+    coll = store.require_collection(conn, settings.collection)
+    q = real_embedder.embed_queries(["how much annual leave do I get"])[0]
+    rows = list(conn.execute(
+        f"SELECT chunk_id, vec_distance_cosine(embedding, :q), vec_distance_l2(embedding, :q), embedding "
+        f"FROM {store.vector_table(coll.dimension)}", {"q": store.serialize_vector(q)}))
+    assert len(rows) >= 3
+    hits = {h.chunk_id: h.distance for h in search(conn, "how much annual leave do I get", embedder=real_embedder,
+                                                       settings=settings, stage="hybrid", k=50)}
+    for chunk_id, cosine, l2, blob in rows:
+        assert np.linalg.norm(store.deserialize_vector(blob)) == pytest.approx(1.0, abs=1e-5)
+        assert cosine == pytest.approx(l2 * l2 / 2, abs=1e-5)
+        assert hits[chunk_id] == pytest.approx(cosine, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+@pytest.mark.parametrize("query", ["", "   ", "?!", "“…”"])
+def test_unusable_questions_raise_query_error(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, query: str
+) -> None:
+    with pytest.raises(QueryError):
+        search(corpus, query, embedder=fake_embedder, settings=settings)
+
+
+def test_all_stopword_question_still_searches(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    assert search(corpus, "what is the", embedder=fake_embedder, settings=settings, stage="hybrid")
+
+
+def test_bad_stage_collection_model_and_k(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    with pytest.raises(ValueError, match="dense, fts, hybrid, rerank"):
+        search(corpus, "leave", embedder=fake_embedder, settings=settings, stage="bm25")
+    with pytest.raises(NotFoundError):
+        search(corpus, "leave", embedder=fake_embedder, settings=settings, collection="nope")
+    with pytest.raises(IndexMismatchError):
+        search(corpus, "leave", embedder=FakeEmbedder(model_id="other"), settings=settings)
+    with pytest.raises(QueryError):
+        search(corpus, "leave", embedder=fake_embedder, settings=settings, k=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rerank stage
+
+
+def test_rerank_stage_reorders_the_first_depth_hits_only(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    tuned = settings.replace(rerank_depth=3)
+    hybrid = search(corpus, "leave vacation days", embedder=fake_embedder, settings=tuned, stage="hybrid", k=6)
+    assert len(hybrid) == 6
+    reranker = ReverseReranker()
+    hits = search(corpus, "leave vacation days", embedder=fake_embedder, settings=tuned, stage="rerank", k=6,
+                  reranker=reranker)
+    assert reranker.seen == [h.chunk_id for h in hybrid[:3]]
+    assert [h.chunk_id for h in hits] == [h.chunk_id for h in hybrid[2::-1] + hybrid[3:]]
+    assert [h.rerank_score for h in hits[:3]] == [2.0, 1.0, 0.0]
+
+
+def test_rerank_stage_with_settings_none_keeps_hybrid_order(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    hybrid = search(corpus, "leave vacation", embedder=fake_embedder, settings=settings, stage="hybrid")
+    reranked = search(corpus, "leave vacation", embedder=fake_embedder, settings=settings, stage="rerank")
+    assert reranked == hybrid
+
+
+# ---------------------------------------------------------------------------------------------
+# Channel audit
+
+
+def test_chunk_fields_and_fields_in() -> None:
+    fields = chunk_fields("Leave", "Leave > Annual leave", "Leave > Annual leave\n\nEarn leave monthly.",
+                          "Earn leave monthly.")
+    assert fields == {"title": "Leave", "section path": "Annual leave", "header": "Leave > Annual leave",
+                      "content": "Earn leave monthly."}
+    # The title word "leave" occurs in the content: that alone does not make the title feed the body.
+    assert fields_in(fold("Earn leave monthly."), fields) == {
+        "content": True, "title": False, "section path": False, "header": False}
+    assert fields_in("leave > annual leave", fields) == {
+        "content": False, "title": True, "section path": True, "header": True}
+
+
+def test_audit_counts_each_field_in_two_channels_without_rerank(
+    corpus: store.Connection, settings: Settings
+) -> None:
+    audit = audit_channels(corpus, settings)
+    assert audit.chunks == len(store.chunk_rows(corpus))
+    assert audit.feeds["content"] == ["vector", "fts_body"]
+    assert audit.feeds["title"] == ["vector", "fts_heading"]
+    assert audit.flagged == []
+    with_rerank = audit_channels(corpus, settings.replace(rerank="llm"))
+    assert with_rerank.feeds["content"] == ["vector", "fts_body", "reranker input"]
+    assert "content" in with_rerank.flagged
+
+
+def test_audit_flags_a_field_indexed_in_both_fts_columns(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    """The seed-004 bug: the body column also carries the header, so the title counts three times."""
+    coll = store.create_collection(conn, settings.collection, fake_embedder.model_id, fake_embedder.dimension)
+    for i in range(3):
+        content = f"Paragraph {i} about pay periods."
+        section = f"Pay > Part {i}"
+        chunk = Chunk(0, section, content, f"{section}\n\n{content}", 0, len(content))
+        version = store.DocumentVersion(
+            source=f"{i}.md", path=f"/{i}.md", title="Pay", groups=["all"], content_hash=str(i), bytes_hash=str(i),
+            canonical_text=content, extractor="text", extractor_version="1", embedder=fake_embedder.model_id,
+            dimension=fake_embedder.dimension, pipeline_version="test",
+        )
+        stored = store.StoredChunk(chunk, fake_embedder.embed_passages([chunk.text])[0], fold(section),
+                                   fold(chunk.text))
+        store.replace_document(conn, coll, version, [stored])
+    audit = audit_channels(conn, settings)
+    assert audit.feeds["title"] == ["vector", "fts_heading", "fts_body"]
+    assert set(audit.flagged) == {"title", "section path", "header"}
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: rag search, rag audit channels
+
+
+@pytest.fixture
+def cli_db(corpus: store.Connection, db_path: Path, fake_embedder: FakeEmbedder,
+           monkeypatch: pytest.MonkeyPatch) -> Path:
+    import rag.embedding
+
+    monkeypatch.setattr(rag.embedding, "load_embedder", lambda spec="minilm", threads=0: fake_embedder)
+    return db_path
+
+
+def test_cli_search_json(cli_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rag.cli import main
+
+    assert main(["search", "loi VPN-403 xu ly sao", "--db", str(cli_db), "--stage", "hybrid", "-k", "3",
+                 "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert 1 <= len(hits) <= 3
+    assert set(hits[0]) >= {"rank", "chunk_id", "source", "section", "from", "to", "page", "distance", "dense_rank",
+                            "sparse_rank", "rrf_score", "rerank_score", "content"}
+    assert hits[0]["rank"] == 1 and hits[0]["source"] == "handbook/vpn.md"
+
+
+def test_cli_search_batch(cli_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rag.cli import main
+
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(
+        json.dumps({"id": "a", "query": "salary band cap", "groups": ["all"]}) + "\n"
+        + json.dumps({"id": "b", "query": "salary band cap", "groups": ["hr"]}) + "\n\n"
+        + json.dumps({"id": "c", "query": "?!", "groups": ["all"]}) + "\n",
+        encoding="utf-8",
+    )
+    assert main(["search", "--queries", str(queries), "--db", str(cli_db), "--stage", "fts"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["id"] for line in lines] == ["a", "b", "c"]
+    assert not any(h["source"].startswith("hr/") for h in lines[0]["hits"])
+    assert any(h["source"] == "hr/salary.md" for h in lines[1]["hits"])
+    assert lines[2]["hits"] == [] and "letter or digit" in lines[2]["error"]
+
+
+def test_cli_search_error_is_one_line(cli_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rag.cli import main
+
+    assert main(["search", "   ", "--db", str(cli_db)]) == 1
+    assert capsys.readouterr().err.startswith("error: the question is empty")
+
+
+def test_cli_audit_channels(cli_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rag.cli import main
+
+    assert main(["audit", "channels", "--db", str(cli_db), "--json"]) == 0
+    audit = json.loads(capsys.readouterr().out)
+    assert audit["flagged"] == []
+    assert [c["name"] for c in audit["channels"]] == ["vector", "fts_heading", "fts_body", "reranker input"]
+    assert main(["audit", "channels", "--db", str(cli_db), "--rerank", "llm"]) == 0
+    out = capsys.readouterr().out
+    assert "content" in out and "more than 2" in out
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Keyword coverage: which FTS hits may vote in fusion
+
+
+def test_keyword_idf_by_hand() -> None:
+    idf = retrieval.keyword_idf(10, {"vpn": 1, "403": 3, "leave": 9}, ["vpn-403", "leave", "zebra"])
+    assert idf["vpn-403"] == pytest.approx(np.log((10 - 1 + 0.5) / (1 + 0.5) + 1))  # rarest word decides
+    assert idf["leave"] == pytest.approx(np.log((10 - 9 + 0.5) / (9 + 0.5) + 1))
+    assert "zebra" not in idf  # in no chunk: a typo or unknown word carries no lexical evidence
+
+
+def test_keyword_coverage_counts_whole_words_and_phrases() -> None:
+    idf = {"vpn-403": 3.0, "leave": 1.0}
+    assert retrieval.keyword_coverage("loi vpn 403 xu ly", idf) == pytest.approx(0.75)
+    assert retrieval.keyword_coverage("vpn then 403; annual leave", idf) == pytest.approx(0.25)
+    assert retrieval.keyword_coverage("leaves are green", idf) == 0.0  # no partial words
+    assert retrieval.keyword_coverage("anything", {}) == 0.0
+
+
+def test_only_well_covered_fts_hits_vote_in_hybrid(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    question = "vpn 403 error after the paid vacation"
+    sparse = search_fts(
+        corpus, build_fts_query(question), collection_id=1, access_keys=store.visible_access_keys(corpus, ["hr"]),
+        k=50,
+    )
+    kept = retrieval.covered_fts_hits(corpus, sparse, retrieval.keywords(question), 0.5)
+    texts = {r["id"]: r["fts_body"] for r in corpus.execute("SELECT id, fts_body FROM chunks")}
+    assert kept and len(kept) < len(sparse)
+    assert all("403" in texts[cid] for cid, _ in kept)  # the rare keywords carry the weight
+    assert retrieval.covered_fts_hits(corpus, sparse, retrieval.keywords(question), 0.0) == sparse
+    hybrid = search(corpus, question, embedder=fake_embedder, settings=settings, groups=["hr"], stage="hybrid")
+    voted = {h.chunk_id for h in hybrid if h.sparse_rank is not None}
+    assert voted == {cid for cid, _ in kept}
