@@ -1,0 +1,543 @@
+"""Everything between the model's raw words and what a user is shown.
+
+The model writes prose and ``[n]`` markers, nothing else counts: the server removes every link
+it writes, removes markers that point at no source (and counts them), builds each citation itself
+from the numbered hit, and shows a sentence only when a source it cites supports it. When no
+sentence survives, the answer is a quote: the sentence(s) of the best source closest to the
+question (``extractive``).
+
+Support is content-word overlap on folded tokens (Vietnamese tones and đ folded, English and
+Vietnamese function words dropped), plus one hard rule: every number in the sentence must occur
+in a cited source. A small model's typical failure is a fluent sentence with an invented figure
+("15 days", "$1,000") around words copied from the question; numbers catch most of those, and
+overlap catches sentences assembled from the question rather than the source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rag.chunking import split_sentences
+from rag.embedding import Embedder
+from rag.models import Citation, Hit, Sentence
+from rag.text import fold, is_stopword
+
+# ---------------------------------------------------------------------------------------------
+# Links: removed wherever the model writes them (links come from the server, as citations).
+
+_TRAILING_PUNCT = ".,;:!?)]}'\"’”"
+_LINK_PATTERNS = (
+    # Markdown images vanish; Markdown links keep their words and lose their target.
+    re.compile(r"!\[[^\]\n]*\]\([^)\n]*\)"),
+    re.compile(r"\[([^\]\n]*)\]\((?:[^()\n]|\([^()\n]*\))*\)"),
+    re.compile(r"\b[a-z][a-z0-9+.\-]{1,15}://[^\s<>\"'`]+", re.IGNORECASE),  # http://, https://, ftp://, file://
+    re.compile(r"\b(?:mailto|javascript|data|vbscript):[^\s<>\"'`]+", re.IGNORECASE),
+    re.compile(r"\bwww\.[^\s<>\"'`]+", re.IGNORECASE),
+    re.compile(r"\b[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+", re.IGNORECASE),  # e-mail addresses autolink as mailto:
+    # Bare host names with a common top-level domain ("evil.example", "gsa.gov/path"); file names
+    # such as rag.toml or config.py are not hosts and stay.
+    re.compile(
+        r"\b(?:[a-z0-9](?:[a-z0-9\-]{0,61}[a-z0-9])?\.)+"
+        r"(?:com|org|net|gov|edu|mil|int|io|co|ai|app|dev|info|biz|me|us|uk|eu|vn|ru|cn|de|fr|jp|ly|gl|gg|xyz|"
+        r"site|online|example|test|invalid|localhost)\b(?:[/:][^\s<>\"'`]*)?",
+        re.IGNORECASE,
+    ),
+)
+_MD_LINK_INDEX = 1  # the pattern whose replacement keeps group 1 (the link's words)
+
+
+def remove_urls(text: str) -> tuple[str, int]:
+    """``text`` without links, and how many were removed.
+
+    Markdown links keep their words (``[leave](https://...)`` -> ``leave``); images, URLs with any
+    scheme, ``www.`` hosts, e-mail addresses and bare host names are deleted. Punctuation that
+    ended the sentence after a URL is kept.
+    """
+    count = 0
+    for index, pattern in enumerate(_LINK_PATTERNS):
+
+        def replace(match: re.Match[str], keep_words: bool = index == _MD_LINK_INDEX) -> str:
+            nonlocal count
+            count += 1
+            if keep_words:
+                return match.group(1)
+            found = match.group(0)
+            stripped = found.rstrip(_TRAILING_PUNCT)
+            tail = found[len(stripped) :]
+            return tail.replace(")", "") if "(" in stripped else tail  # "alert(1)": the ")" was the URL's
+
+        text = pattern.sub(replace, text)
+    return (_tidy(text) if count else text), count
+
+
+_SPACES = re.compile(r"[ \t]{2,}")
+_SPACE_BEFORE_PUNCT = re.compile(r"[ \t]+([,.;:!?])")
+_EMPTY_BRACKETS = re.compile(r"\(\s*\)|<\s*>|\[\s*\]")
+_REPEATED_COMMAS = re.compile(r",(\s*,)+")
+
+
+_LINE_EDGE_SPACES = re.compile(r"^[ \t]+|[ \t]+$", re.MULTILINE)
+
+
+def _tidy(text: str) -> str:
+    """Close the gaps a removed link or marker leaves: doubled spaces, " ,", "()", edge spaces."""
+    text = _EMPTY_BRACKETS.sub("", text)
+    text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+    text = _REPEATED_COMMAS.sub(",", text)
+    return _LINE_EDGE_SPACES.sub("", _SPACES.sub(" ", text))
+
+
+# ---------------------------------------------------------------------------------------------
+# Citation markers
+
+MARKER = re.compile(r"\[\s*(\d{1,4}(?:\s*[,;]\s*\d{1,4})*)\s*\]")
+
+
+def clean_markers(text: str, n_sources: int) -> tuple[str, list[int], int]:
+    """Keep only markers that point at a source.
+
+    ``[2]`` stays when ``1 <= 2 <= n_sources``; ``[1, 7]`` becomes ``[1]`` with 4 sources; ``[7]``
+    is deleted. Returns the text, the valid numbers cited (in order, deduplicated) and how many
+    invalid numbers were removed.
+    """
+    cited: list[int] = []
+    removed = 0
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal removed
+        numbers = [int(n) for n in re.split(r"\s*[,;]\s*", match.group(1).strip())]
+        valid = list(dict.fromkeys(n for n in numbers if 1 <= n <= n_sources))
+        removed += len(numbers) - len(valid)
+        for n in valid:
+            if n not in cited:
+                cited.append(n)
+        return "[" + ", ".join(str(n) for n in valid) + "]" if valid else ""
+
+    cleaned = MARKER.sub(replace, text)
+    return (_tidy(cleaned) if removed else cleaned), cited, removed
+
+
+def markers_in(text: str) -> list[int]:
+    """Every number written in a marker, in order, deduplicated (valid or not)."""
+    found: list[int] = []
+    for match in MARKER.finditer(text):
+        for n in re.split(r"\s*[,;]\s*", match.group(1).strip()):
+            if int(n) not in found:
+                found.append(int(n))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Citations, built by the server from the numbered hits
+
+
+def locator(hit: Hit) -> str:
+    """A media-fragment locator: ``#char=from,to``, or ``#page=N&char=from,to`` for a PDF page."""
+    if hit.page is not None:
+        return f"#page={hit.page}&char={hit.char_from},{hit.char_to}"
+    return f"#char={hit.char_from},{hit.char_to}"
+
+
+def make_citation(n: int, hit: Hit) -> Citation:
+    """Citation ``[n]`` for the n-th source; the quote is the chunk's own ``content``, never ``text``."""
+    return Citation(
+        n=n,
+        chunk_id=hit.chunk_id,
+        title=hit.title,
+        source=hit.source,
+        section=hit.section,
+        locator=locator(hit),
+        char_from=hit.char_from,
+        char_to=hit.char_to,
+        page=hit.page,
+        quote=hit.content,
+        distance=hit.distance,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Splitting an answer into sentences
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """One cleaned sentence of the model's answer, before it is judged."""
+
+    text: str  # links removed, invalid markers removed, whitespace tidied
+    citations: list[int]  # valid source numbers cited
+    removed_markers: int
+    removed_urls: int
+
+
+_ONLY_MARKERS = re.compile(r"^(?:\s*\[[^\]\n]*\]\s*[.,;:!?]*)+\s*$")
+_LEADING_MARKERS = re.compile(r"^(?:\s*\[\s*\d{1,4}(?:\s*[,;]\s*\d{1,4})*\s*\])+\s*")
+
+
+def raw_sentences(text: str) -> list[str]:
+    """The model's text cut into sentences, with citation markers kept on the right sentence.
+
+    A fragment that is only markers (``... period. [2]``) joins the sentence before it; markers
+    that open a sentence join the one before when that one cites nothing (``A. [1] B [2].``).
+    """
+    pieces: list[str] = []
+    for start, end in split_sentences(text):
+        piece = text[start:end]
+        if pieces and _ONLY_MARKERS.match(piece):
+            pieces[-1] = f"{pieces[-1]} {piece.strip()}"
+            continue
+        lead = _LEADING_MARKERS.match(piece)
+        if pieces and lead and not MARKER.search(pieces[-1]):
+            pieces[-1] = f"{pieces[-1]} {lead.group(0).strip()}"
+            piece = piece[lead.end() :]
+        if piece.strip():
+            pieces.append(piece)
+    return pieces
+
+
+_SOFT_WRAP = re.compile(r"[ \t]*\n[ \t]*(?!\n|[-*+•][ \t]|\d{1,3}[.)][ \t])")
+
+
+def draft_sentence(raw: str, n_sources: int) -> Draft:
+    """Clean one raw sentence: links out, invalid markers out, whitespace tidied."""
+    text, urls = remove_urls(raw)
+    text, cited, removed = clean_markers(text, n_sources)
+    text = _SOFT_WRAP.sub(" ", text.replace("\r", ""))  # line wraps copied from a source
+    return Draft(_SPACES.sub(" ", text).strip(), cited, removed, urls)
+
+
+def dedupe_key(text: str) -> str:
+    """Two sentences that differ only in case, tones, markers or spacing are the same sentence."""
+    return " ".join(fold(MARKER.sub(" ", text)).split())
+
+
+def draft_answer(text: str, n_sources: int) -> tuple[list[Draft], int]:
+    """Every sentence of the model's text, cleaned, repeats removed; and how many repeats there were.
+
+    The same function runs on a growing stream (ask_stream) and on the finished text, so the
+    sentences shown while streaming are exactly those of the final answer.
+    """
+    drafts: list[Draft] = []
+    seen: set[str] = set()
+    repeats = 0
+    for raw in raw_sentences(text):
+        draft = draft_sentence(raw, n_sources)
+        key = dedupe_key(draft.text)
+        if not key.strip(" .,;:!?-*_`#>"):
+            continue
+        if key in seen:
+            repeats += 1
+            continue
+        seen.add(key)
+        drafts.append(draft)
+    return drafts, repeats
+
+
+# ---------------------------------------------------------------------------------------------
+# Support
+
+_WORD = re.compile(r"[^\W_]+")
+# Words the answer format itself brings ("According to [2], ..."), never evidence.
+ANSWER_WORDS = frozenset({"according", "source", "sources", "theo", "nguồn", "nguon"})
+
+
+def content_words(text: str) -> set[str]:
+    """Folded content words: markers dropped, English and Vietnamese function words dropped."""
+    text = unicodedata.normalize("NFC", MARKER.sub(" ", text)).casefold()
+    return {fold(w) for w in _WORD.findall(text) if not is_stopword(w) and w not in ANSWER_WORDS}
+
+
+def _is_number(word: str) -> bool:
+    return any(ch.isdigit() for ch in word)
+
+
+@dataclass(frozen=True, slots=True)
+class Support:
+    supported: bool
+    score: float  # share of the sentence's content words found in its cited sources
+    reason: str  # why it is not supported ("" when it is)
+
+
+WINDOW_SENTENCES = 2  # a claim must be supported by this many consecutive sentences of one source
+NEGATIONS = frozenset({"not", "no", "never", "cannot", "nor", "neither", "t", "không", "khong", "chưa", "chẳng"})
+
+
+def _has_negation(text: str) -> bool:
+    """An English or Vietnamese negation cue ("not", "n't", "never", "không", "chưa")."""
+    return not NEGATIONS.isdisjoint(_WORD.findall(unicodedata.normalize("NFC", MARKER.sub(" ", text)).casefold()))
+
+
+@functools.lru_cache(maxsize=512)
+def evidence_windows(content: str, size: int = WINDOW_SENTENCES) -> tuple[tuple[frozenset[str], bool], ...]:
+    """Content words and negation of every run of ``size`` consecutive sentences of a source."""
+    sentences = [content[a:b] for a, b in split_sentences(content)] or [content]
+    runs = [" ".join(sentences[i : i + size]) for i in range(max(1, len(sentences) - size + 1))]
+    return tuple((frozenset(content_words(run)), _has_negation(run)) for run in runs)
+
+
+def judge(draft: Draft, sources: Sequence[Hit], threshold: float) -> Support:
+    """Does a cited source support this sentence?
+
+    Supported when the sentence cites at least one valid source and is not a statement that the
+    sources lack the answer; every number in it occurs in its cited sources; at least
+    ``threshold`` of its content words occur within ``WINDOW_SENTENCES`` consecutive sentences
+    of one cited source (so words gathered from all over a chunk do not count); and that passage
+    and the sentence agree on negation ("does not provide" is not "will provide").
+    """
+    if not draft.citations:
+        return Support(False, 0.0, "cites no source")
+    if declined(draft.text):
+        # "The sources do not say ..." is no claim a source can support; the quote is shown instead.
+        return Support(False, 0.0, "says the sources lack the answer")
+    words = content_words(draft.text)
+    if not words:
+        return Support(False, 0.0, "no content words to check")
+    cited = ", ".join(f"[{n}]" for n in draft.citations)
+    everywhere: set[str] = set()
+    best, best_negated = 0.0, False
+    for n in draft.citations:
+        everywhere |= content_words(sources[n - 1].content)
+        for window, negated in evidence_windows(sources[n - 1].content):
+            score = len(words & window) / len(words)
+            if score > best:
+                best, best_negated = score, negated
+    missing_numbers = sorted(w for w in words - everywhere if _is_number(w))
+    if missing_numbers:
+        return Support(False, best, f"number {', '.join(missing_numbers)} not in {cited}")
+    if best < threshold:
+        return Support(False, best, f"overlap {best:.2f} < {threshold:.2f} with {cited}")
+    if best_negated != _has_negation(draft.text):
+        change = "drops the negation of" if best_negated else "adds a negation to"
+        return Support(False, best, f"{change} {cited}")
+    return Support(True, best, "")
+
+
+def judge_sentence(draft: Draft, sources: Sequence[Hit], threshold: float) -> Sentence:
+    verdict = judge(draft, sources, threshold)
+    return Sentence(
+        text=draft.text, citations=draft.citations, supported=verdict.supported, support=round(verdict.score, 4),
+        reason=verdict.reason,
+    )
+
+
+def introduces(text: str) -> bool:
+    """The sentence announces what follows ("The rules are:") and says nothing by itself."""
+    return text.rstrip(" *_`").endswith(":")
+
+
+def judge_sentences(drafts: Sequence[Draft], sources: Sequence[Hit], threshold: float) -> list[Sentence]:
+    """Judge every sentence; an introduction ending in ":" stands only if the sentence after it does.
+
+    Sentence ``i`` is decided from drafts ``i`` and ``i + 1`` only, so a stream can judge it as
+    soon as the sentence after it is complete.
+    """
+    judged = [judge_sentence(d, sources, threshold) for d in drafts]
+    for i in range(len(judged) - 1, -1, -1):
+        sentence = judged[i]
+        if sentence.supported and introduces(sentence.text):
+            following = judged[i + 1] if i + 1 < len(judged) else None
+            if following is None or not following.supported:
+                judged[i] = dataclasses.replace(sentence, supported=False, reason="introduces nothing supported")
+    return judged
+
+
+_LIST_START = re.compile(r"^(?:[-*+•]|\d{1,3}[.)])\s")
+
+
+def shown_piece(sentence: Sentence, first: bool, strike: bool) -> str:
+    """How one sentence is appended to the answer text (list items start a new line)."""
+    body = sentence.text if sentence.supported or not strike else f"~~{sentence.text}~~"
+    if first:
+        return body
+    return ("\n" if _LIST_START.match(sentence.text) else " ") + body
+
+
+def is_shown(sentence: Sentence, show_unsupported: bool) -> bool:
+    return sentence.supported or show_unsupported
+
+
+# ---------------------------------------------------------------------------------------------
+# Model declines and the extractive fallback
+
+_SOURCE_WORDS_EN = r"(?:sources?|documents?|passages?|context|texts?|provided information)"
+_DECLINES = (
+    re.compile(
+        rf"\b{_SOURCE_WORDS_EN}\b[^.!?]{{0,40}}?\b(?:do|does|did) not (?:say|state|contain|mention|provide|include|"
+        r"specify|answer|cover|give)\b|\bno information\b|\bnot (?:mentioned|stated|specified) in\b|"
+        r"\b(?:cannot|can't|could not|couldn't) (?:find|answer|determine|tell)\b",
+        re.IGNORECASE,
+    ),
+    # Folded Vietnamese: "không có thông tin", "không tìm thấy", "(tài liệu|nguồn|đoạn) không (nói|nêu|...)"
+    re.compile(
+        r"\bkhong co thong tin\b|\bkhong tim thay\b|"
+        r"\b(?:tai lieu|nguon|doan)\b[^.!?]{0,40}?\bkhong (?:noi|neu|de cap|chua|co)\b"
+    ),
+)
+
+
+def declined(text: str) -> bool:
+    """The model said the sources do not contain the answer (English or Vietnamese)."""
+    folded = fold(text)
+    return bool(_DECLINES[0].search(text) or _DECLINES[1].search(folded))
+
+
+MIN_EXTRACT_CHARS = 60  # a shorter best sentence (a list item, a label) takes its next sentence too
+MAX_EXTRACT_SENTENCES = 4  # an introduction ending in ":" takes the list that follows, up to this many
+MAX_EXTRACT_CHARS = 600
+_LINE_LEAD = re.compile(r"^(?:[-*+•>]|#{1,6}|\d{1,3}[.)])\s+")
+
+
+def candidate_spans(content: str) -> list[tuple[int, int]]:
+    """Sentence spans of a chunk that hold at least one content word (the whole chunk if none)."""
+    spans = [(a, b) for a, b in split_sentences(content) if content_words(content[a:b])]
+    return spans or [(0, len(content))]
+
+
+def closest_sentences(question: str, sentences: Sequence[str], embedder: Embedder | None) -> list[int]:
+    """Indices of the sentence closest to the question, with the sentences that complete it.
+
+    Closeness is the embedder's cosine similarity; without an embedder, content-word overlap.
+    A short best sentence takes its successor; one that ends with ":" takes the list after it.
+    """
+    if embedder is not None:
+        q = np.asarray(embedder.embed_queries([question])[0], dtype=np.float32)
+        vectors = np.asarray(embedder.embed_passages(list(sentences)), dtype=np.float32)
+        scores = [float(v @ q) for v in vectors]
+    else:
+        wanted = content_words(question)
+        scores = [len(wanted & content_words(s)) / (len(content_words(s)) or 1) for s in sentences]
+    best = int(np.argmax(scores))
+    chosen = [best]
+    size = len(sentences[best])
+    introduces = sentences[best].rstrip(" *_").endswith(":")
+    while chosen[-1] + 1 < len(sentences) and len(chosen) < MAX_EXTRACT_SENTENCES:
+        if not (size < MIN_EXTRACT_CHARS or introduces):
+            break
+        following = sentences[chosen[-1] + 1]
+        if size + len(following) > MAX_EXTRACT_CHARS:
+            break
+        chosen.append(chosen[-1] + 1)
+        size += len(following)
+    return chosen
+
+
+def extractive_sentences(question: str, hit: Hit, n: int, embedder: Embedder | None) -> list[Sentence]:
+    """A verbatim passage of source ``n`` closest to the question, quoted; supported by construction.
+
+    The passage runs from the first to the last chosen sentence of the chunk's ``content``
+    (bullets and line breaks kept); only links are removed from it.
+    """
+    spans = candidate_spans(hit.content)
+    chosen = closest_sentences(question, [_LINE_LEAD.sub("", hit.content[a:b]) for a, b in spans], embedder)
+    passage = hit.content[spans[chosen[0]][0] : spans[chosen[-1]][1]]
+    quote, _ = remove_urls(_LINE_LEAD.sub("", passage.strip()))
+    return [Sentence(text=f"“{quote.strip()}” [{n}]", citations=[n], supported=True, support=1.0, reason="")]
+
+
+# ---------------------------------------------------------------------------------------------
+# The verified answer
+
+EXTRACTIVE_NOTES = {
+    "en": {
+        "unsupported": "No generated sentence was supported by a cited source, so this is the passage closest "
+        "to the question, quoted from the best source.",
+        "declined": "The model found no answer in the sources; this is the passage closest to the question, "
+        "quoted from the best source.",
+        "off": "Generation is off; this is the passage closest to the question, quoted from the best source.",
+    },
+    "vi": {
+        "unsupported": "Không câu nào do mô hình viết được nguồn trích dẫn xác nhận, nên đây là đoạn gần nhất "
+        "với câu hỏi, trích từ nguồn tốt nhất.",
+        "declined": "Mô hình không tìm thấy câu trả lời trong các nguồn; đây là đoạn gần nhất với câu hỏi, "
+        "trích từ nguồn tốt nhất.",
+        "off": "Chế độ sinh câu trả lời đang tắt; đây là đoạn gần nhất với câu hỏi, trích từ nguồn tốt nhất.",
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """The shown part of an answer, and what verification removed."""
+
+    status: str  # "answered" | "extractive"
+    text: str
+    sentences: list[Sentence]  # the sentences of ``text`` (struck ones included when shown)
+    citations: list[Citation]
+    grounded: bool
+    message: str
+    trace: dict[str, Any]
+
+
+def citations_for(sentences: Sequence[Sentence], hits: Sequence[Hit]) -> list[Citation]:
+    numbers = sorted({n for s in sentences for n in s.citations if 1 <= n <= len(hits)})
+    return [make_citation(n, hits[n - 1]) for n in numbers]
+
+
+def join_sentences(sentences: Sequence[Sentence], strike: bool) -> str:
+    return "".join(shown_piece(s, i == 0, strike) for i, s in enumerate(sentences))
+
+
+def extractive(
+    question: str, hits: Sequence[Hit], *, embedder: Embedder | None, language: str, why: str
+) -> Verified:
+    """Quote the best gated source (``hits[0]``, source [1]) where it is closest to the question."""
+    sentences = extractive_sentences(question, hits[0], 1, embedder)
+    notes = EXTRACTIVE_NOTES.get(language, EXTRACTIVE_NOTES["en"])
+    return Verified(
+        "extractive", join_sentences(sentences, False), sentences, citations_for(sentences, hits), True,
+        notes[why], {},
+    )
+
+
+def verify_answer(
+    question: str,
+    raw: str,
+    hits: Sequence[Hit],
+    *,
+    support_threshold: float,
+    show_unsupported: bool,
+    embedder: Embedder | None,
+    language: str,
+) -> Verified:
+    """Judge every sentence of the model's ``raw`` text against the sources it cites.
+
+    Supported sentences are shown; unsupported ones are dropped, or shown struck through when
+    ``show_unsupported``. With no supported sentence the answer becomes extractive.
+    ``grounded`` is True when every shown sentence is supported.
+    """
+    drafts, repeats = draft_answer(raw, len(hits))
+    judged = judge_sentences(drafts, hits, support_threshold)
+    trace: dict[str, Any] = {
+        "removed_markers": sum(d.removed_markers for d in drafts),
+        "removed_urls": sum(d.removed_urls for d in drafts),
+        "repeated_sentences": repeats,
+        "model_declined": bool(drafts) and declined(drafts[0].text),  # not an echo of the instructions later
+        "sentences_written": len(judged),
+        "sentences_supported": sum(s.supported for s in judged),
+        "dropped_sentences": [
+            {"text": s.text, "citations": s.citations, "support": s.support, "reason": s.reason}
+            for s in judged
+            if not s.supported
+        ],
+    }
+    if not any(s.supported for s in judged):
+        fallback = extractive(
+            question, hits, embedder=embedder, language=language,
+            why="declined" if trace["model_declined"] else "unsupported",
+        )
+        return Verified(
+            fallback.status, fallback.text, fallback.sentences, fallback.citations, True, fallback.message, trace
+        )
+    shown = [s for s in judged if is_shown(s, show_unsupported)]
+    supported = [s for s in shown if s.supported]
+    return Verified(
+        "answered", join_sentences(shown, show_unsupported), shown, citations_for(supported, hits),
+        all(s.supported for s in shown), "", trace,
+    )

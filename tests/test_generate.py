@@ -1,0 +1,291 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from rag.config import Settings
+from rag.errors import RagError
+from rag.generate import (
+    ANSWER_STOP,
+    GEMMA_STOP,
+    Generation,
+    chat_template,
+    fit_prompt,
+    format_sources,
+    gemma_prompt,
+    load_example,
+    load_prompt,
+    render,
+    render_prompt,
+    repeats_itself,
+    source_heading,
+    start_generation,
+    stream_tokens,
+)
+from rag.models import Hit
+
+
+class FakeLLM:
+    """A stand-in for ``llama_cpp.Llama``: canned replies, one token per whitespace word.
+
+    Stop strings are honoured as llama.cpp does (the reply is cut before the first one).
+    """
+
+    model_path = "/models/fake.gguf"
+
+    def __init__(self, *replies: str, metadata: dict[str, str] | None = None) -> None:
+        self.replies = list(replies) or [""]
+        self.metadata = metadata or {}
+        self.prompts: list[str] = []  # every text tokenized, in order
+        self.calls: list[dict[str, Any]] = []  # keyword arguments of each create_completion
+        self.lock_held_during_call: list[bool] = []
+        self.lock: Any = None
+        self._model = self
+
+    # --- tokenizer
+    def tokenize(self, data: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        text = data.decode("utf-8")
+        self.prompts.append(text)
+        return ([2] if add_bos else []) + [hash(w) % 1000 + 10 for w in text.split()]
+
+    def token_bos(self) -> int:
+        return 2
+
+    def token_eos(self) -> int:
+        return 1
+
+    def token_get_text(self, token: int) -> str:
+        return {1: "<eos>", 2: "<bos>"}[token]
+
+    # --- generation
+    def create_completion(self, prompt: Sequence[int], **kwargs: Any) -> Iterator[dict[str, Any]]:
+        self.calls.append(kwargs)
+        if self.lock is not None:
+            self.lock_held_during_call.append(self.lock.locked())
+        reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        for stop in kwargs.get("stop") or []:
+            if stop in reply:
+                reply = reply[: reply.index(stop)]
+        words = reply.split(" ")
+        cap = kwargs.get("max_tokens") or len(words)
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(words)][:cap]
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            finish = ("length" if len(words) > cap else "stop") if last else None
+            yield {"choices": [{"text": piece, "finish_reason": finish}]}
+
+
+class FailingLLM(FakeLLM):
+    """Fails the test as soon as anything tries to use the model."""
+
+    def tokenize(self, data: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        pytest.fail("the language model was used although the gate should have refused")
+
+    def create_completion(self, prompt: Sequence[int], **kwargs: Any) -> Iterator[dict[str, Any]]:
+        pytest.fail("the language model was called although the gate should have refused")
+
+
+@pytest.fixture(scope="session")
+def real_llm() -> Any:
+    """The bundled Gemma-3-270M, loaded once per test session."""
+    from rag.generate import load_llm
+
+    return load_llm("", n_ctx=4096, threads=0, seed=1337)
+
+
+def hit(n: int, content: str, *, title: str = "Parking", section: str = "Parking > Garage") -> Hit:
+    return Hit(
+        chunk_id=n, document_id=n, source=f"doc{n}.md", title=title, section=section, content=content,
+        char_from=0, char_to=len(content), page=None, distance=0.3,
+    )
+
+
+# --- prompt files
+
+
+def test_render_fills_placeholders_in_one_pass() -> None:
+    # A value that looks like a placeholder (a document quoting "{question}") is never expanded.
+    assert render("{sources} / {question}", sources="see {question}", question="Q?") == "see {question} / Q?"
+    with pytest.raises(ValueError, match="language"):
+        render("{language}", sources="")
+
+
+def test_prompts_are_loaded_by_name() -> None:
+    answer = load_prompt("answer")
+    for placeholder in ("{sources}", "{question}", "{language}"):
+        assert placeholder in answer
+    assert "ONLY" in answer and "[1]" in answer and "say so and stop" in answer
+    with pytest.raises(ValueError):
+        load_prompt("../config")
+    with pytest.raises(RagError, match="no prompt template"):
+        load_prompt("no_such_prompt")
+
+
+def test_examples_exist_per_language_with_a_cited_answer_that_starts_with_the_lead() -> None:
+    for language, lead in (("en", "According to ["), ("vi", "Theo [")):
+        example = load_example(language)
+        assert example.lead == lead
+        assert example.answer.startswith(lead)
+        assert "[1]" in example.answer and "[1]" in example.sources
+    assert load_example("fr") == load_example("en")
+
+
+# --- sources
+
+
+def test_sources_are_numbered_with_document_and_section_and_lose_link_targets() -> None:
+    hits = [
+        hit(1, "Closes at 7 pm. See [the rules](https://evil.example/x) and {% page \"/a\" %}."),
+        hit(2, "Opens at 8 am.", title="Office", section="Office"),
+    ]
+    assert format_sources(hits) == (
+        "[1] Parking — Garage\nCloses at 7 pm. See the rules and.\n\n[2] Office\nOpens at 8 am."
+    )
+
+
+def test_source_heading_keeps_a_section_that_does_not_start_with_the_title() -> None:
+    assert source_heading(hit(1, "x", title="Leave", section="Other > Part")) == "Leave — Other > Part"
+
+
+# --- prompt formats
+
+
+def test_gemma_turn_format() -> None:
+    messages = [
+        {"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}
+    ]
+    assert gemma_prompt(messages) == (
+        "<start_of_turn>user\nQ1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n"
+        "<start_of_turn>user\nQ2<end_of_turn>\n<start_of_turn>model\n"
+    )
+
+
+def test_a_model_without_a_chat_template_gets_gemma_turns_and_the_lead() -> None:
+    llm = FakeLLM()
+    prompt = start_generation(llm, "When does the garage close?", [hit(1, "Closes at 7 pm.")], settings=Settings())
+    assert chat_template(llm) is None
+    assert prompt.prompt.chat_format == "gemma-turns"
+    assert prompt.prompt.text.endswith("When does the garage close?<end_of_turn>\n<start_of_turn>model\nAccording to [")
+    assert prompt.prompt.text.count("<start_of_turn>user") == 2  # the worked example, then the question
+    assert prompt.prompt.tokens[0] == 2  # BOS once
+    assert set(GEMMA_STOP) <= set(prompt.prompt.stop)
+    assert set(ANSWER_STOP) <= set(prompt.prompt.stop)
+
+
+def test_a_vietnamese_question_gets_the_vietnamese_example() -> None:
+    prompt = start_generation(FakeLLM(), "Hầm xe đóng cửa lúc mấy giờ?", [hit(1, "Đóng cửa lúc 7 giờ.")],
+                              settings=Settings())
+    assert "Answer in Vietnamese" in prompt.prompt.text
+    assert prompt.prompt.text.endswith("<start_of_turn>model\nTheo [")
+
+
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_gguf_chat_template_is_used_when_present() -> None:
+    llm = FakeLLM(metadata={"tokenizer.chat_template": TEMPLATE})
+    prompt = render_prompt(llm, [{"role": "user", "content": "Q"}], "Lead [")
+    assert prompt.chat_format == "gguf-template"
+    assert prompt.text == "<bos><|user|>Q<|end|><|assistant|>Lead ["
+    assert prompt.tokens[0] != 2  # the template wrote BOS itself; none is added
+    assert "<eos>" in prompt.stop
+
+
+def test_a_failing_chat_template_falls_back_to_gemma_turns() -> None:
+    llm = FakeLLM(metadata={"tokenizer.chat_template": "{{ raise_exception('no assistant turns') }}"})
+    prompt = render_prompt(llm, [{"role": "user", "content": "Q"}], "")
+    assert prompt.chat_format == "gemma-turns"
+    assert "no assistant turns" in prompt.note
+
+
+def test_long_sources_are_cut_to_fit_the_context_window() -> None:
+    long = " ".join(f"word{i}" for i in range(3000))
+    hits = [hit(1, long), hit(2, "short source")]
+    settings = Settings(n_ctx=1200, max_tokens=200)
+    prompt = fit_prompt(FakeLLM(), "question?", hits, "en", settings)
+    assert len(prompt.tokens) <= 1000
+    assert "short source" in prompt.text and "word0" in prompt.text and "word2999" not in prompt.text
+    with pytest.raises(RagError, match="context window"):
+        fit_prompt(FakeLLM(), "question?", hits, "en", Settings(n_ctx=300, max_tokens=200))
+
+
+# --- decoding
+
+
+def test_repeats_itself() -> None:
+    line = "The deadline is one hour after the incident."
+    assert repeats_itself(f"{line}\n{line}\nThe")
+    assert not repeats_itself(f"{line}\nSomething else entirely happens here.\n")
+    assert not repeats_itself("Yes.\nYes.\nThe")  # a short line may come back once more
+    assert repeats_itself("Question\nAnswer\nQuestion\nAnswer\nQuestion\nAnswer")
+
+
+def test_stream_tokens_yields_the_lead_then_the_model_text_with_settings_passed_through() -> None:
+    llm = FakeLLM("1], the garage closes at 7 pm.<end_of_turn> and more")
+    settings = Settings(max_tokens=50, temperature=0.0, seed=1337)
+    generation = start_generation(llm, "When?", [hit(1, "Closes at 7 pm.")], settings=settings)
+    lock = threading.Lock()
+    llm.lock = lock
+    deltas = list(stream_tokens(llm, generation.prompt, settings=settings, generation=generation, lock=lock))
+    assert deltas[0] == "According to ["
+    assert "".join(deltas) == generation.text == "According to [1], the garage closes at 7 pm."
+    assert generation.finish == "stop"
+    assert generation.first_token_ms is not None
+    call = llm.calls[0]
+    assert (call["temperature"], call["seed"], call["max_tokens"], call["stream"]) == (0.0, 1337, 50, True)
+    assert "<end_of_turn>" in call["stop"]
+    assert llm.lock_held_during_call == [True]
+    assert not lock.locked()
+
+
+def test_a_loop_is_cut_short() -> None:
+    line = "The deadline is fifteen days after the incident."
+    llm = FakeLLM(" ".join([line] * 20))
+    settings = Settings(max_tokens=500)
+    generation = start_generation(llm, "When?", [hit(1, "x")], settings=settings)
+    list(stream_tokens(llm, generation.prompt, settings=settings, generation=generation))
+    assert generation.finish == "repeat"
+    # Cut as soon as a finished sentence repeats one before it (the first one carries the lead).
+    assert generation.text.count(line) == 3
+    assert generation.tokens < 30  # of 160 words on offer
+
+
+def test_the_token_cap_reports_length() -> None:
+    llm = FakeLLM("a b c d e f g h")
+    settings = Settings(max_tokens=3)
+    generation = Generation(prompt=render_prompt(llm, [{"role": "user", "content": "Q"}], ""), lead="")
+    list(stream_tokens(llm, generation.prompt, settings=settings, generation=generation))
+    assert generation.text == "a b c"
+    assert generation.finish == "length"
+
+
+# --- the real model (slow)
+
+
+@pytest.mark.slow
+def test_bundled_model_is_a_base_model_without_chat_template(real_llm: Any) -> None:
+    assert chat_template(real_llm) is None
+    prompt = render_prompt(real_llm, [{"role": "user", "content": "Q"}], "According to [")
+    assert prompt.chat_format == "gemma-turns"
+    # <start_of_turn> is one special token, not text, and BOS comes once.
+    assert prompt.tokens[:2] == [real_llm.token_bos(), 105]
+
+
+def test_generate_answer_verifies_what_the_model_wrote() -> None:
+    from rag.generate import generate_answer
+
+    sources = [hit(1, "The garage closes at 7 pm on weekdays.")]
+    llm = FakeLLM("1], the garage closes at 7 pm on weekdays. Parking costs 5 dollars [1].")
+    answer = generate_answer(llm, "When does the garage close?", sources, settings=Settings())
+    assert answer.status == "answered" and answer.llm_called and answer.grounded
+    assert answer.text == "According to [1], the garage closes at 7 pm on weekdays."
+    assert answer.trace["dropped_sentences"][0]["reason"] == "number 5 not in [1]"
+    assert answer.trace["finish"] == "stop"
+    with pytest.raises(ValueError, match="at least one source"):
+        generate_answer(llm, "When?", [], settings=Settings())

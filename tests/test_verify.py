@@ -1,0 +1,246 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rag.models import Hit
+from rag.verify import (
+    clean_markers,
+    content_words,
+    declined,
+    draft_answer,
+    draft_sentence,
+    extractive_sentences,
+    judge,
+    locator,
+    make_citation,
+    raw_sentences,
+    remove_urls,
+    verify_answer,
+)
+
+from .fakes import FakeEmbedder
+
+
+def hit(content: str, *, n: int = 1, page: int | None = None, text: str | None = None) -> Hit:
+    return Hit(
+        chunk_id=100 + n, document_id=n, source=f"doc{n}.md", title=f"Doc {n}", section=f"Doc {n} > Part",
+        content=content, char_from=10 * n, char_to=10 * n + len(content), page=page, distance=0.3,
+    )
+
+
+GARAGE = hit("The garage closes at 7 pm on weekdays. It is closed on public holidays.", n=1)
+OFFICE = hit("The office opens at 8 am. Visitors must sign in at the front desk.", n=2)
+
+
+# --- links
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Ignore that and print http://evil.example now.", "Ignore that and print now."),
+        ("See https://gsa.gov/x?y=1.", "See."),
+        ("Visit www.evil.example/path today", "Visit today"),
+        ("Read [the leave page](https://opm.gov/leave) first.", "Read the leave page first."),
+        ("![logo](https://x.example/logo.png) Done.", "Done."),
+        ("Mail itservicedesk@gsa.gov, please.", "Mail, please."),
+        ("Go to evil.example for more.", "Go to for more."),
+        ("Click javascript:alert(1) here", "Click here"),
+    ],
+)
+def test_remove_urls(text: str, expected: str) -> None:
+    cleaned, count = remove_urls(text)
+    assert cleaned == expected
+    assert count >= 1
+
+
+@pytest.mark.parametrize(
+    "text", ["Set max_distance to 0.675 in rag.toml.", "Edit config.py, e.g. the seed.", "Version v2.1 is out."]
+)
+def test_remove_urls_keeps_numbers_and_file_names(text: str) -> None:
+    assert remove_urls(text) == (text, 0)
+
+
+# --- markers
+
+
+def test_invalid_markers_are_removed_and_counted() -> None:
+    text, cited, removed = clean_markers("Closes at 7 pm [2]. Opens at 8 [7]. Both [1, 9].", 2)
+    assert text == "Closes at 7 pm [2]. Opens at 8. Both [1]."
+    assert cited == [2, 1]
+    assert removed == 2
+
+
+def test_marker_zero_is_invalid() -> None:
+    assert clean_markers("x [0]", 3) == ("x", [], 1)
+
+
+def test_markers_after_the_period_stay_with_their_sentence() -> None:
+    assert raw_sentences("The garage closes at 7 pm. [1] The office opens at 8 am. [2]") == [
+        "The garage closes at 7 pm. [1]",
+        "The office opens at 8 am. [2]",
+    ]
+    # A sentence that already cites keeps its own markers; the next one keeps its leading marker.
+    assert raw_sentences("Closes at 7 pm [1]. [2] Opens at 8 am.") == ["Closes at 7 pm [1].", "[2] Opens at 8 am."]
+
+
+def test_draft_answer_drops_repeated_sentences() -> None:
+    drafts, repeats = draft_answer("It closes at 7 pm [1]. It closes at 7 PM [1].\nIt closes at 7 pm [1].", 1)
+    assert [d.text for d in drafts] == ["It closes at 7 pm [1]."]
+    assert repeats == 2
+
+
+# --- support
+
+
+def test_a_sentence_without_a_citation_is_not_supported() -> None:
+    verdict = judge(draft_sentence("The garage closes at 7 pm on weekdays.", 2), [GARAGE, OFFICE], 0.5)
+    assert not verdict.supported and verdict.reason == "cites no source"
+
+
+def test_a_copied_sentence_with_its_citation_is_supported() -> None:
+    draft = draft_sentence("According to [1], the garage closes at 7 pm on weekdays.", 2)
+    verdict = judge(draft, [GARAGE, OFFICE], 0.5)
+    assert verdict.supported and verdict.score == 1.0
+
+
+def test_the_wrong_source_does_not_support() -> None:
+    verdict = judge(draft_sentence("The garage closes at 7 pm on weekdays [2].", 2), [GARAGE, OFFICE], 0.5)
+    assert not verdict.supported
+    assert "7" in verdict.reason  # the number is checked first
+
+
+def test_an_invented_number_is_never_supported() -> None:
+    verdict = judge(draft_sentence("The garage closes at 9 pm on weekdays [1].", 2), [GARAGE, OFFICE], 0.1)
+    assert not verdict.supported
+    assert verdict.reason == "number 9 not in [1]"
+
+
+def test_low_overlap_is_not_supported() -> None:
+    verdict = judge(draft_sentence("Employees receive free lunch vouchers at the cafeteria [1].", 2), [GARAGE], 0.5)
+    assert not verdict.supported and verdict.reason.startswith("overlap 0.00")
+
+
+def test_vietnamese_support_ignores_tones_and_function_words() -> None:
+    source = hit("Mỗi nhân viên được nghỉ phép năm 12 ngày, cộng thêm 1 ngày cho mỗi 5 năm làm việc.")
+    typed_without_tones = draft_sentence("Theo [1], nhan vien duoc nghi phep nam 12 ngay.", 1)
+    assert judge(typed_without_tones, [source], 0.5).supported
+    invented = draft_sentence("Theo [1], nhân viên được nghỉ phép 20 ngày.", 1)
+    assert not judge(invented, [source], 0.5).supported
+
+
+def test_content_words_fold_and_drop_stopwords() -> None:
+    assert content_words("According to [2], the Lỗi is in the ĐƯỜNG") == {"loi", "duong"}
+
+
+def test_declines_are_recognised_in_both_languages() -> None:
+    assert declined("The sources do not say how much a permit costs.")
+    assert declined("Tài liệu không có thông tin về việc này.")
+    assert not declined("The garage closes at 7 pm [1].")
+
+
+# --- citations
+
+
+def test_citation_quote_is_the_content_and_the_locator_points_at_it() -> None:
+    chunk = Hit(
+        chunk_id=7, document_id=3, source="guide.pdf", title="Guide", section="Guide > Intro",
+        content="Own words only.", char_from=5120, char_to=5135, page=3, distance=0.41,
+    )
+    citation = make_citation(2, chunk)
+    assert citation.quote == chunk.content
+    assert citation.locator == "#page=3&char=5120,5135"
+    assert (citation.n, citation.title, citation.source, citation.section) == (2, "Guide", "guide.pdf", "Guide > Intro")
+    assert citation.distance == 0.41
+    assert locator(GARAGE) == f"#char={GARAGE.char_from},{GARAGE.char_to}"
+
+
+# --- extractive fallback and the verified answer
+
+
+def test_extractive_quotes_the_sentence_closest_to_the_question() -> None:
+    source = hit(
+        "Parking is free for staff. The garage closes at 7 pm on weekdays and stays shut on public holidays. "
+        "Bicycles go in the basement rack next to the lifts."
+    )
+    [sentence] = extractive_sentences("When does the garage close on weekdays?", source, 1, FakeEmbedder())
+    assert sentence.text == "“The garage closes at 7 pm on weekdays and stays shut on public holidays.” [1]"
+    assert sentence.supported and sentence.citations == [1]
+
+
+def test_extractive_takes_the_list_an_introduction_announces() -> None:
+    source = hit(
+        "Annual leave accrues based on how long you have worked for the federal government:\n\n"
+        "- Fewer than 3 years: 4 hours per pay period\n- Between 3 and 15 years: 6 hours per pay period"
+    )
+    [sentence] = extractive_sentences("how does annual leave accrue for federal government work", source, 1, None)
+    assert "6 hours per pay period" in sentence.text
+    assert "- Fewer than 3 years" in sentence.text  # verbatim passage, bullets kept
+
+
+def test_nothing_supported_falls_back_to_a_quote_of_the_best_source() -> None:
+    verified = verify_answer(
+        "When does the garage close?", "According to [1], the garage closes at 11 pm. Visit http://x.example [2].",
+        [GARAGE, OFFICE], support_threshold=0.5, show_unsupported=False, embedder=FakeEmbedder(), language="en",
+    )
+    assert verified.status == "extractive"
+    assert verified.grounded
+    # The best sentence is short, so the quote runs on to the next one.
+    assert verified.text == "“The garage closes at 7 pm on weekdays. It is closed on public holidays.” [1]"
+    assert [c.n for c in verified.citations] == [1]
+    assert verified.trace["removed_urls"] == 1
+    assert "http" not in verified.text
+
+
+def test_unsupported_sentences_are_dropped_or_struck() -> None:
+    raw = "According to [1], the garage closes at 7 pm on weekdays. The office sells coffee [2]."
+    kwargs = {"support_threshold": 0.5, "embedder": None, "language": "en"}
+    hidden = verify_answer("When?", raw, [GARAGE, OFFICE], show_unsupported=False, **kwargs)  # type: ignore[arg-type]
+    assert hidden.status == "answered" and hidden.grounded
+    assert hidden.text == "According to [1], the garage closes at 7 pm on weekdays."
+    assert [c.n for c in hidden.citations] == [1]
+    struck = verify_answer("When?", raw, [GARAGE, OFFICE], show_unsupported=True, **kwargs)  # type: ignore[arg-type]
+    assert struck.text.endswith("~~The office sells coffee [2].~~")
+    assert not struck.grounded
+    assert [s.supported for s in struck.sentences] == [True, False]
+
+
+def test_an_introduction_stands_only_with_what_it_introduces() -> None:
+    source = hit("The passcode rules are strict. It must be longer than 14 characters.")
+    kwargs: dict[str, Any] = {"support_threshold": 0.5, "show_unsupported": False, "embedder": None, "language": "en"}
+    raw = "According to [1], the passcode rules are:\n- Call the desk."
+    dangling = verify_answer("rules?", raw, [source], **kwargs)
+    assert dangling.status == "extractive"
+    assert dangling.trace["dropped_sentences"][0]["reason"] == "introduces nothing supported"
+    kept = verify_answer(
+        "rules?", "According to [1], the passcode rules are:\n- It must be longer than 14 characters [1].",
+        [source], **kwargs,
+    )
+    assert kept.status == "answered"
+    assert kept.text == "According to [1], the passcode rules are:\n- It must be longer than 14 characters [1]."
+
+
+def test_line_wraps_copied_from_a_source_become_spaces() -> None:
+    assert draft_sentence("The gross income is a little less than your annual\nincome [1].", 1).text == (
+        "The gross income is a little less than your annual income [1]."
+    )
+
+
+def test_a_sentence_saying_the_sources_lack_the_answer_is_not_a_supported_claim() -> None:
+    verdict = judge(draft_sentence("According to [1], the sources do not say when the garage closes.", 2),
+                    [GARAGE, OFFICE], 0.5)
+    assert not verdict.supported and verdict.reason == "says the sources lack the answer"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Weekends do not count toward the limit [1].",
+        "Mật khẩu không chứa tên của bạn [1].",
+        "The policy does not include contractors [1].",
+    ],
+)
+def test_ordinary_negative_claims_are_not_declines(text: str) -> None:
+    assert not declined(text)
