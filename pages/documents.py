@@ -1,0 +1,166 @@
+"""Documents: add files (upload or a folder path) with a progress bar per run, see each
+document's status, and fix what went wrong (retry failed, re-embed stale, delete)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from rag import store, ui
+from rag.errors import RagError
+from rag.ingest import document_statuses, ingest, reindex
+
+view = ui.current_view()
+settings = view.settings
+
+st.title("Documents")
+st.caption(
+    "Operator view: every document of the collection, whatever the sidebar's *viewing as* groups. "
+    "Supported files: Markdown, text, HTML and PDF."
+)
+ui.show_flash()
+
+
+def progress_callback(label: str) -> Callable[[int, int, int, str], None]:
+    """A st.progress bar fed by ingest's ``on_progress(done, total, chunks, source)``."""
+    bar = st.progress(0.0, text=f"{label}: starting…")
+
+    def update(done: int, total: int, chunks: int, source: str) -> None:
+        bar.progress(done / total if total else 1.0, text=f"{label}: {done}/{total} files, {chunks} chunks · {source}")
+
+    return update
+
+
+# --- add documents -----------------------------------------------------------------------------
+
+st.subheader("Add documents")
+target = st.text_input(
+    "Into collection", value=view.collection, help="A new name creates a new collection with the model chosen below."
+).strip() or view.collection
+is_new = target not in view.collections
+if is_new:
+    choice = st.radio(
+        "Embedding model for the new collection",
+        ui.EMBEDDER_CHOICES,
+        horizontal=True,
+        help="minilm: all-MiniLM-L6-v2, English, fast. e5: multilingual-e5-small, for Vietnamese and mixed "
+        "corpora, about 8× slower to ingest. auto: pick from the language of the files. The model is stamped "
+        "on the collection and never mixed.",
+    )
+else:
+    choice = ""
+    st.caption(f"Collection **{target}** uses {view.health.collections.get(target, 'its stamped model')}.")
+
+upload_tab, folder_tab = st.tabs(["Upload files", "Ingest a folder"])
+with upload_tab:
+    uploads = st.file_uploader("Files", accept_multiple_files=True, key="uploads")
+    upload_clicked = st.button("Index uploaded files", disabled=not uploads, type="primary")
+with folder_tab:
+    folder = st.text_input("Folder or file path on this machine", placeholder="/home/me/notes")
+    folder_clicked = st.button("Ingest folder", disabled=not folder.strip(), type="primary")
+
+if upload_clicked or folder_clicked:
+    try:
+        paths: list[str | Path]
+        if upload_clicked:
+            saved, refused = ui.save_uploads(uploads or [])
+            paths = list(saved)
+            for message in refused:
+                ui.flash("error", f"Not indexed: {message}")
+        else:
+            paths = [folder.strip()]
+        if paths:
+            model, note = ui.ingest_embedder(settings, target, choice, paths)
+            if note:
+                ui.flash("info", note)
+            with ui.connection(settings) as conn:
+                report = ingest(
+                    conn, paths, settings=settings, embedder=model, collection=target,
+                    retry_failed=True, on_progress=progress_callback("Ingest"),
+                )
+            ui.report_messages(report)
+    except RagError as e:
+        ui.flash("error", str(e))
+    else:
+        ui.select_collection_next_run(target)  # show the collection just filled
+    st.rerun()
+
+# --- status ------------------------------------------------------------------------------------
+
+st.subheader(f"Status of “{view.collection}”")
+try:
+    with ui.connection(settings) as conn:
+        infos = document_statuses(conn, settings, view.collection)
+except RagError as e:
+    ui.stop_on(e)
+
+if not infos:
+    st.info("No documents in this collection yet: upload files or ingest a folder above.")
+    st.stop()
+
+failed = [d for d in infos if d.status == "failed"]
+stale = [d for d in infos if d.stale]
+table = pd.DataFrame(
+    {
+        "document": [d.source for d in infos],
+        "title": [d.title for d in infos],
+        "status": [d.status for d in infos],
+        "reason": [d.error or "" for d in infos],
+        "chunks": [d.chunk_count for d in infos],
+        "model": [d.embedder or "" for d in infos],
+        "stale": [d.stale for d in infos],
+        "groups": [", ".join(d.groups) for d in infos],
+        "updated": [d.updated_at for d in infos],
+    }
+)
+st.dataframe(
+    table,
+    hide_index=True,
+    column_config={
+        "stale": st.column_config.CheckboxColumn(help="Processed by an older chunker or extractor: re-embed it."),
+        "reason": st.column_config.TextColumn(width="large"),
+    },
+)
+st.caption(f"{len(infos)} documents · {len(infos) - len(failed)} ok · {len(failed)} failed · {len(stale)} stale")
+
+retry_col, stale_col = st.columns(2)
+if retry_col.button(f"Retry failed ({len(failed)})", disabled=not failed):
+    try:
+        model = ui.collection_embedder(settings, view.collection)
+        with ui.connection(settings) as conn:
+            report = ui.retry_failed(
+                conn, settings=settings, embedder=model, collection=view.collection,
+                on_progress=progress_callback("Retry"),
+            )
+        ui.report_messages(report)
+    except RagError as e:
+        ui.flash("error", str(e))
+    st.rerun()
+if stale_col.button(f"Re-embed stale ({len(stale)})", disabled=not stale):
+    try:
+        model = ui.collection_embedder(settings, view.collection)
+        with ui.connection(settings) as conn:
+            report = reindex(
+                conn, settings=settings, embedder=model, collection=view.collection,
+                on_progress=progress_callback("Re-embed"),
+            )
+        ui.report_messages(report)
+    except RagError as e:
+        ui.flash("error", str(e))
+    st.rerun()
+
+with st.expander("Delete documents"), st.form("delete", clear_on_submit=True, border=False):
+    by_source = {d.source: d.id for d in infos}
+    doomed = st.multiselect("Documents to delete", list(by_source))
+    if st.form_submit_button("Delete selected") and doomed:
+        try:
+            with ui.connection(settings) as conn:
+                for source in doomed:
+                    store.delete_document(conn, by_source[source])
+            ui.flash("success", f"Deleted {len(doomed)} document(s): {', '.join(doomed)}")
+        except RagError as e:
+            ui.flash("error", str(e))
+        st.rerun()

@@ -1,0 +1,235 @@
+"""End to end in a real browser: `streamlit run app.py` on the demo corpus (indexed with the real
+embedder by `rag demo`), driven by Playwright through Debian's Chromium.
+
+Ask a question the user guide answers -> an answer with a citation -> click [n] -> the source
+view with the passage highlighted and scrolled into view -> an off-topic question -> the
+no-answer explanation. Every page is saved to docs/screenshots/ for the README.
+
+Needs `/usr/bin/chromium` (Debian: `apt-get install chromium chromium-driver`; `.ci/run` installs
+it). `playwright install` is not used: no browser is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = Path(os.environ.get("RAG_TEST_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run",
+]
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+VIEWPORT = {"width": 1440, "height": 1000}
+STARTUP_TIMEOUT_S = 180  # streamlit import + first script run on a busy 2-core machine
+ANSWER_TIMEOUT_MS = 300_000  # first question: embedder and GGUF load, then prefill + decoding on 2 cores
+PAGE_TIMEOUT_MS = 120_000
+
+QUESTION = "How do I start the app on another port?"  # the README's suggestion
+OFF_TOPIC = "What is the best recipe for a chocolate soufflé?"
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(
+        RAG_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5) as response:
+            return response.status == 200 and response.read().strip() == b"ok"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir whose default database holds docs/guide, indexed with the real all-MiniLM."""
+    data = tmp_path_factory.mktemp("browser-data")
+    done = subprocess.run(
+        [sys.executable, "-m", "rag", "demo"], env=_env(data), cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return data
+
+
+@pytest.fixture(scope="module")
+def app_url(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`streamlit run app.py` on a free port, stopped (by its own pid) after the module."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path_factory.mktemp("browser-log") / "streamlit.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+             "--server.address", "127.0.0.1", "--server.headless", "true", "--server.fileWatcherType", "none",
+             "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, env=_env(demo_data), stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while not _healthy(url):
+                if proc.poll() is not None:
+                    pytest.fail(f"streamlit exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"streamlit not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)  # polling interval, not an assertion
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=20)
+    log_text = log_path.read_text()
+    assert "Traceback" not in log_text, log_text[-3000:]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[object]:
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (`apt-get install chromium chromium-driver`)")
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=PAGE_TIMEOUT_MS)
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def _shot(page: object, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / name))  # type: ignore[attr-defined]
+
+
+def _wait_idle(page: object) -> None:
+    """Wait until the app's script run has finished (Streamlit marks it on the app root)."""
+    from playwright.sync_api import expect
+
+    app = page.get_by_test_id("stApp")  # type: ignore[attr-defined]
+    expect(app).to_have_attribute("data-test-script-state", "notRunning", timeout=ANSWER_TIMEOUT_MS)
+    # Elements still arriving are drawn as skeletons; a screenshot must not catch them.
+    expect(page.get_by_test_id("stSkeleton")).to_have_count(0)  # type: ignore[attr-defined]
+
+
+def _scroll_to_top_of(locator: object) -> None:
+    locator.evaluate("el => el.scrollIntoView({block: 'start'})")  # type: ignore[attr-defined]
+
+
+def _ask(page: object, question: str) -> None:
+    box = page.get_by_test_id("stChatInputTextArea")  # type: ignore[attr-defined]
+    box.wait_for(timeout=PAGE_TIMEOUT_MS)
+    box.fill(question)
+    box.press("Enter")
+
+
+def test_every_page_renders_from_a_deep_link_and_is_captured(app_url: str, chromium: object) -> None:
+    from playwright.sync_api import expect
+
+    context = chromium.new_context(viewport=VIEWPORT)  # type: ignore[attr-defined]
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    page = context.new_page()
+
+    # A deep link as the server's first request: Streamlit would serve it from the pages/ folder in
+    # its legacy mode; the app must still route it through app.py (its navigation and frame).
+    page.goto(f"{app_url}/documents")
+    expect(page.get_by_role("heading", name="Documents", exact=True)).to_be_visible()
+    nav = page.get_by_test_id("stSidebarNav")
+    expect(nav.get_by_role("link", name="Ask", exact=True)).to_be_visible()
+    expect(nav.get_by_role("link", name="app", exact=True)).to_have_count(0)
+    expect(page.get_by_text(re.compile(r"\d+ documents · \d+ ok · 0 failed · 0 stale"))).to_be_visible()
+    expect(page.get_by_test_id("stDataFrame")).to_be_visible()
+    expect(page.get_by_role("textbox", name="Into collection")).to_have_value("default")
+    _wait_idle(page)
+    _shot(page, "documents.png")
+
+    page.goto(f"{app_url}/chunks")
+    expect(page.get_by_role("heading", name="Cut-position audit")).to_be_visible()
+    expect(page.get_by_text("Cuts mid-sentence")).to_be_visible()
+    expect(page.get_by_test_id("stDataFrame").first).to_be_visible()
+    _wait_idle(page)
+    _shot(page, "chunks.png")
+
+    page.goto(f"{app_url}/evaluation")
+    expect(page.get_by_role("heading", name="Evaluation", exact=True)).to_be_visible()
+    page.get_by_role("button", name="Run on “default”").click()
+    expect(page.get_by_text("Run #1:", exact=False)).to_be_visible(timeout=ANSWER_TIMEOUT_MS)
+    expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2)
+    _wait_idle(page)
+    _scroll_to_top_of(page.get_by_text("Recall@k per stage"))
+    _shot(page, "evaluation.png")
+    context.close()
+
+
+def test_ask_cite_open_source_then_refuse_off_topic(app_url: str, chromium: object) -> None:
+    from playwright.sync_api import expect
+
+    context = chromium.new_context(viewport=VIEWPORT)  # type: ignore[attr-defined]
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    page = context.new_page()
+    page.goto(f"{app_url}/")
+    expect(page.get_by_role("heading", name="Ask", exact=True)).to_be_visible()
+
+    # 1. A question the guide answers: an answer with at least one [n] citation link.
+    _ask(page, QUESTION)
+    answer = page.locator(".st-key-rag-answer")
+    citation = answer.locator('a[href*="source?document="]').first
+    expect(citation).to_be_visible(timeout=ANSWER_TIMEOUT_MS)
+    _wait_idle(page)
+    expect(page.get_by_text("Sources", exact=True)).to_be_visible()
+    number = citation.inner_text().strip("[] ")
+    quote = page.locator(f"blockquote.rag-quote-{number}").first.inner_text()
+    assert quote.strip()
+    _scroll_to_top_of(page.get_by_test_id("stChatMessage").first)
+    _shot(page, "ask.png")
+
+    # 2. Click it: the source view opens (a new tab) with exactly the cited passage marked, in view.
+    with context.expect_page() as opened:
+        citation.click()
+    source = opened.value
+    passage = source.locator("mark#rag-passage")
+    expect(passage).to_be_visible()
+    expect(passage).to_be_in_viewport()
+    assert passage.inner_text().split() == quote.split()  # the marked range is the quoted content
+    _wait_idle(source)
+    _shot(source, "source.png")
+    source.close()
+
+    # 3. An off-topic question: no answer, the gate explained, nearest passages "not close enough".
+    _ask(page, OFF_TOPIC)
+    refusal = page.locator(".st-key-rag-no-answer")
+    expect(refusal).to_be_visible(timeout=ANSWER_TIMEOUT_MS)
+    expect(refusal).to_contain_text("No answer")
+    expect(refusal).to_contain_text("threshold")
+    expect(page.get_by_text("Nearest passages — not close enough")).to_be_visible()
+    _wait_idle(page)
+    _scroll_to_top_of(page.get_by_test_id("stChatMessage").nth(2))
+    _shot(page, "no-answer.png")
+    context.close()
