@@ -46,9 +46,10 @@ if is_new:
         "Embedding model for the new collection",
         ui.EMBEDDER_CHOICES,
         horizontal=True,
-        help="minilm: all-MiniLM-L6-v2, English, fast. e5: multilingual-e5-small, for Vietnamese and mixed "
-        "corpora, about 8× slower to ingest. auto: pick from the language of the files. The model is stamped "
-        "on the collection and never mixed.",
+        help="minilm: all-MiniLM-L6-v2 (int8 ONNX), English, fast. e5: multilingual-e5-small, for Vietnamese "
+        "and mixed corpora, about 8× slower to ingest. auto: pick from the language of the files. minilm-fp32: "
+        "the same MiniLM in full precision, about 2× slower. The model is stamped on the collection and never "
+        "mixed.",
     )
 else:
     choice = ""

@@ -658,6 +658,38 @@ def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# bench: `rag bench [--json OUT] [--quick] [--sizes 1000,10000,100000]`
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from rag.bench import DEFAULT_SIZES, QUICK_SIZES, BenchOptions, format_report, parse_sizes, run_bench
+
+    sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    options = BenchOptions(quick=args.quick, sizes=sizes, repeats=args.repeats or (1 if args.quick else 3),
+                           generation=not args.no_generation, workdir=Path(args.workdir) if args.workdir else None)
+    report = run_bench(settings, options, progress=lambda message: print(f"bench: {message}", file=sys.stderr))
+    if args.json:
+        _write_json(report, args.json)
+    if args.json != "-":
+        print(format_report(report))
+    return 0
+
+
+def _add_bench_parser(sub: Any, handlers: dict[str, Handler]) -> None:
+    p = sub.add_parser("bench", help="benchmark ingest, retrieval to 100k chunks, generation and memory against "
+                                     "the targets (issue 8)")
+    p.add_argument("--json", metavar="OUT", help="also write the report (with its `targets` object) to OUT "
+                                                "('-': JSON on stdout only)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes on docs/guide, no generation (CI smoke test)")
+    p.add_argument("--sizes", help="comma-separated chunk counts for the retrieval scale-up "
+                                   "(default 1000,10000,100000)")
+    p.add_argument("--repeats", type=int, help="repeats of the embedding comparison (default 3; quick 1)")
+    p.add_argument("--no-generation", action="store_true", help="skip the generation and memory child processes")
+    p.add_argument("--workdir", help="keep the benchmark databases in this folder (default: a temporary one)")
+    handlers["bench"] = cmd_bench
+
+
+# ---------------------------------------------------------------------------------------------
 # parser
 
 
@@ -707,6 +739,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     _add_search_parser(sub, handlers)
     _add_ask_parser(sub, handlers)
     _add_audit_parser(sub, handlers)
+    _add_bench_parser(sub, handlers)
 
     return parser, handlers
 

@@ -9,6 +9,11 @@ example's shape, starting with a citation, instead of echoing its sources.
 
 Decoding is greedy (temperature 0, fixed seed), capped at ``max_tokens``, and stopped by stop
 strings and by a repetition guard (a small model at temperature 0 tends to loop on one line).
+
+The worked example is the same for every question of a language, so it is a constant prompt
+prefix: llama-cpp-python keeps the KV cache of the longest common prefix between calls, which for
+Gemma 3's sliding-window layers only works with a full-size SWA cache (``swa_full=True``; without
+it every call re-reads the whole prompt).
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ from rag.errors import ModelLoadError, RagError
 from rag.models import Answer, Hit
 from rag.text import detect_language
 from rag.verify import remove_urls, verify_answer
+
+# llama.cpp's OpenMP workers sleep instead of spinning while they wait. On 2 shared cores a spinning
+# worker burns the CPU its partner needs (rag bench at load ~4: first token 5.8 s and 0.4 tokens/s
+# spinning, 2.8 s and 20 tokens/s passive; on a quiet machine passive costs ~20 %). OpenMP reads
+# this once, when llama_cpp loads it, so it is set at import; a value set by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def bundled_gguf_path() -> Path:
@@ -57,6 +68,7 @@ def load_llm(path: str = "", n_ctx: int = 4096, threads: int = 0, seed: int = 13
             n_ctx=n_ctx,
             n_threads=threads or os.cpu_count() or 1,
             seed=seed,
+            swa_full=True,  # lets the constant prompt prefix stay cached between questions (see above)
             verbose=False,
         )
     except (ValueError, RuntimeError) as e:

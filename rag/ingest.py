@@ -24,6 +24,7 @@ from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import ExtractionError, RagError
 from rag.extract import EXTRACTOR_VERSIONS, SUPPORTED_SUFFIXES, extract, extractor_for
+from rag.gate import calibrated_threshold
 from rag.models import Chunk, Collection, DocumentInfo, Extracted
 from rag.text import FOLD_VERSION, fold
 
@@ -212,8 +213,9 @@ def open_or_create_collection(
     conn: store.Connection, name: str, embedder: Embedder, strategy: str | None, default_strategy: str
 ) -> Collection:
     collection = store.get_collection(conn, name)
-    if collection is None:
-        return store.create_collection(conn, name, embedder.model_id, embedder.dimension, strategy or default_strategy)
+    if collection is None:  # stamped with its model's calibrated gate threshold (None: settings default)
+        return store.create_collection(conn, name, embedder.model_id, embedder.dimension, strategy or default_strategy,
+                                       max_distance=calibrated_threshold(embedder.model_id))
     store.check_embedder(collection, embedder.model_id, embedder.dimension)
     if strategy and strategy != collection.strategy:
         conn.execute("UPDATE collections SET strategy = ? WHERE id = ?", (strategy, collection.id))
@@ -399,7 +401,8 @@ def reindex(
         old_staging = store.get_collection(conn, staging)
         if old_staging is not None:
             _drop_collection(conn, old_staging)
-        target = store.create_collection(conn, staging, embedder.model_id, embedder.dimension, coll.strategy)
+        target = store.create_collection(conn, staging, embedder.model_id, embedder.dimension, coll.strategy,
+                                         max_distance=calibrated_threshold(embedder.model_id))
     rows = store.document_rows(conn, name)
     results: list[FileResult] = []
     embedded, embed_seconds = 0, 0.0
@@ -570,19 +573,19 @@ def choose_embedder(
     message naming `rag reindex`). A new collection takes ``requested`` (or ``settings.embedder``);
     ``auto`` picks multilingual-e5-small when the files are Vietnamese, all-MiniLM-L6-v2 otherwise.
     """
-    from rag.embedding import E5_ID, MINILM_ID
+    from rag.embedding import E5_ID, MINILM_ID, MINILM_INT8_ID
 
     existing = store.get_collection(conn, collection or settings.collection)
     if existing is not None and requested in (None, "auto"):
         return EmbedderChoice(spec_for_model_id(existing.embedder), None)
     spec = requested or settings.embedder
-    if existing is not None or spec not in ("auto", "minilm", MINILM_ID):
+    if existing is not None or spec not in ("auto", "minilm", "minilm-fp32", MINILM_ID, MINILM_INT8_ID):
         return EmbedderChoice(spec, None)
     share = sample_vietnamese_share(discover(paths))
     vietnamese = share >= VI_SHARE_FOR_E5
     if spec == "auto":
         chosen = "e5" if vietnamese else "minilm"
-        model = E5_ID if vietnamese else MINILM_ID
+        model = E5_ID if vietnamese else MINILM_INT8_ID
         return EmbedderChoice(chosen, f"auto: {share:.0%} Vietnamese letters, using {model}")
     if vietnamese:
         return EmbedderChoice(spec, f"these files look Vietnamese ({share:.0%} Vietnamese letters): "

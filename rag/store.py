@@ -1,8 +1,8 @@
 """The one SQLite file: connection, migrations, and every write and plain read.
 
 Retrieval queries live in ``rag.retrieval``; this module owns the schema and its invariants:
-a document's rows (document, chunks, FTS5 rows through triggers, vec0 rows) are always
-replaced in ONE transaction, so a crash leaves each document at its old or its new version.
+a document's rows (document, chunks, FTS5 rows through triggers, vec0 rows, ``chunk_vectors``
+rows) are always replaced in ONE transaction, so a crash leaves each document at its old or its new version.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def _sqlite_module() -> ModuleType:
     return choose_sqlite([standard, _import_optional("pysqlite3.dbapi2")])
 
 
+MMAP_BYTES = 1 << 30  # PRAGMA mmap_size: map up to 1 GiB of the database file
 sqlite: ModuleType = _sqlite_module()  # the sqlite3-compatible module in use: catch sqlite.Error
 Connection = Any  # sqlite.Connection of whichever module was chosen
 
@@ -88,6 +89,10 @@ def connect(path: str | Path) -> Connection:
     # leaves the last committed state (https://sqlite.org/wal.html). NORMAL is crash-safe in WAL.
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
+    # Read pages through a memory map instead of read() calls (https://sqlite.org/mmap.html): the
+    # FTS5 join touches one chunks row per match, and at 100k chunks (650 MB) that took the sparse
+    # branch from 73 to 51 ms p50 (rag bench, 2 cores). Only address space: pages stay in the OS cache.
+    conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
     return conn
 
 
@@ -201,6 +206,16 @@ def deserialize_vector(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype="<f4")
 
 
+def sign_bits(vector: np.ndarray | bytes) -> bytes:
+    """The 1-bit code of a vector: bit i (little bit order) set when component i > 0.
+
+    The layout of sqlite-vec's ``vec_quantize_binary``, for any dimension (the last byte is
+    zero-padded). Stored in ``chunk_vectors.embedding_bit`` for the in-memory Hamming scan.
+    """
+    values = np.frombuffer(vector, dtype="<f4") if isinstance(vector, bytes) else np.asarray(vector, dtype=np.float32)
+    return np.packbits(values > 0, bitorder="little").tobytes()
+
+
 def vector_table(dimension: int) -> str:
     """Name of the vec0 table holding vectors of this dimension (an identifier chosen in code)."""
     return f"vec_chunks_{int(dimension)}"
@@ -266,12 +281,16 @@ def list_collections(conn: Connection) -> list[Collection]:
 
 
 def create_collection(
-    conn: Connection, name: str, embedder: str, dimension: int, strategy: str = "E", metric: str = METRIC
+    conn: Connection, name: str, embedder: str, dimension: int, strategy: str = "E", metric: str = METRIC,
+    max_distance: float | None = None,
 ) -> Collection:
+    """A new, empty collection stamped with its model; ``max_distance`` is its gate threshold
+    (None: the settings default applies)."""
     with transaction(conn):
         conn.execute(
-            "INSERT INTO collections (name, embedder, dimension, metric, strategy) VALUES (?, ?, ?, ?, ?)",
-            (name, embedder, dimension, metric, strategy),
+            "INSERT INTO collections (name, embedder, dimension, metric, strategy, max_distance) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (name, embedder, dimension, metric, strategy, max_distance),
         )
         ensure_vector_table(conn, dimension)
     return require_collection(conn, name)
@@ -374,6 +393,8 @@ def _delete_vectors(conn: Connection, dimension: int, document_id: int) -> None:
     conn.execute(
         f"DELETE FROM {table} WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)", (document_id,)
     )
+    conn.execute("DELETE FROM chunk_vectors WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)",
+                 (document_id,))
 
 
 def replace_document(
@@ -432,6 +453,7 @@ def replace_document(
             )
             blob = serialize_vector(stored.vector)
             conn.execute(insert_vector, (cursor.lastrowid, collection.id, key, blob, blob)[: 5 if binary else 4])
+            conn.execute(INSERT_PLAIN_VECTOR, (cursor.lastrowid, collection.id, key, blob, sign_bits(blob)))
         # chunk_count is written by the server when the document commits.
         conn.execute(
             "UPDATE documents SET status = 'ok', chunk_count = "
@@ -439,6 +461,11 @@ def replace_document(
             {"id": document_id},
         )
     return document_id
+
+
+INSERT_PLAIN_VECTOR = (
+    "INSERT INTO chunk_vectors (chunk_id, collection_id, acl, embedding, embedding_bit) VALUES (?, ?, ?, ?, ?)"
+)
 
 
 def _version_params(version: DocumentVersion, key: int) -> dict[str, Any]:
@@ -501,6 +528,8 @@ def update_document_groups(conn: Connection, collection: Collection, document_id
         chunk_ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE document_id = ?", (document_id,))]
         for chunk_id in chunk_ids:
             conn.execute(f"UPDATE {table} SET acl = ? WHERE chunk_id = ?", (key, chunk_id))
+        conn.execute("UPDATE chunk_vectors SET acl = ? WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)",
+                     (key, document_id))
 
 
 def set_document_path(conn: Connection, document_id: int, path: str) -> None:
@@ -523,6 +552,7 @@ def delete_document(conn: Connection, document_id: int) -> None:
 def drop_collection_vectors(conn: Connection, collection: Collection) -> None:
     """Delete every vector of a collection (inside the caller's transaction)."""
     conn.execute(f"DELETE FROM {vector_table(collection.dimension)} WHERE collection_id = ?", (collection.id,))
+    conn.execute("DELETE FROM chunk_vectors WHERE collection_id = ?", (collection.id,))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.prop
 VIEW_KEY = "_rag_view"  # session_state slot holding this run's View (set by frame(), dropped by app.py)
 NEXT_COLLECTION_KEY = "_rag_next_collection"  # a collection the sidebar must select on the next run
 SOURCE_PAGE = "source"  # url_path of pages/source.py (see app.py)
-EMBEDDER_CHOICES = ("minilm", "e5", "auto")  # offered for NEW collections (issue 9)
+EMBEDDER_CHOICES = ("minilm", "e5", "auto", "minilm-fp32")  # offered for NEW collections (issue 9)
 
 
 # ---------------------------------------------------------------------------------------------

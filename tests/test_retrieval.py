@@ -179,7 +179,7 @@ def test_stage_results_are_cut_to_k(corpus: store.Connection, settings: Settings
 # Permissions
 
 
-@pytest.mark.parametrize("mode", ["exact", "binary"])
+@pytest.mark.parametrize("mode", ["exact", "binary", "hamming"])
 @pytest.mark.parametrize("stage", STAGES)
 def test_forbidden_documents_never_appear(
     corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, stage: str, mode: str
@@ -199,6 +199,8 @@ def test_forbidden_documents_never_appear(
 ACCESS_CONDITIONS = {
     "DENSE_EXACT_SQL": "AND acl IN (SELECT value FROM json_each(:access_keys))",
     "DENSE_BINARY_SQL": "AND acl IN (SELECT value FROM json_each(:access_keys))",
+    "HAMMING_CODES_SQL": "AND acl IN (SELECT value FROM json_each(:access_keys))",
+    "HAMMING_RESCORE_SQL": "AND acl IN (SELECT value FROM json_each(:access_keys))",
     "FTS_SQL": "AND k.access_key IN (SELECT value FROM json_each(:access_keys))",
     "HIT_ROWS_SQL": "AND k.access_key IN (SELECT value FROM json_each(:access_keys))",
 }
@@ -220,7 +222,7 @@ def test_the_leak_check_can_fail_without_the_filter(
     assert {h.source for h in hits} & set(FORBIDDEN)
 
 
-@pytest.mark.parametrize("mode", ["exact", "binary"])
+@pytest.mark.parametrize("mode", ["exact", "binary", "hamming"])
 @pytest.mark.parametrize("stage", ["dense", "fts", "hybrid"])
 def test_reader_who_sees_few_chunks_still_gets_k(
     conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path, stage: str, mode: str
@@ -408,6 +410,124 @@ def test_search_works_on_a_dimension_without_bit_column(
            settings=settings, embedder=embedder)
     hits = search(conn, "gamma", embedder=embedder, settings=settings.replace(dense_mode="binary"), stage="dense")
     assert hits[0].source == "b.md"
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense branch: the "hamming" fast path (in-memory Hamming scan + float rescoring in SQL)
+
+
+def test_hamming_distances_and_nearest_by_hand() -> None:
+    words = np.array([[0b0000, 0b1111, 0b0101, 0b0001]], dtype=np.uint64)  # four 64-bit codes
+    assert retrieval.hamming_distances(words, np.array([0b0001], dtype=np.uint64)).tolist() == [1, 3, 1, 0]
+    distances = np.array([5, 1, 3, 1, 2, 3, 9], dtype=np.uint16)
+    assert retrieval.nearest_by_distance(distances, 2).tolist() == [1, 3]
+    assert retrieval.nearest_by_distance(distances, 4).tolist() == [1, 2, 3, 4, 5]  # the tie at 3 is kept whole
+    assert retrieval.nearest_by_distance(distances, 10).tolist() == list(range(7))
+
+
+def test_query_code_words_pack_sign_bits_little_endian() -> None:
+    vector = np.array([1.0, -1.0, 0.5] + [-1.0] * 61 + [1.0] * 6, dtype=np.float32)  # 70 dimensions
+    words = retrieval.query_code_words(vector, 2)
+    assert words.tolist() == [0b101, 0b111111]
+
+
+def test_hamming_with_enough_candidates_equals_exact(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    coll = store.require_collection(corpus, settings.collection)
+    for text in ("sick leave and illness", "VPN-403", "paid vacation payouts"):
+        q = fake_embedder.embed_queries([text])[0]
+        common = dict(collection_id=coll.id, dimension=coll.dimension, access_keys=[1, 2], k=5)
+        exact = search_vectors(corpus, q, mode="exact", **common)  # type: ignore[arg-type]
+        fast = search_vectors(corpus, q, mode="hamming", oversample=100, **common)  # type: ignore[arg-type]
+        assert [d for _, d in fast] == pytest.approx([d for _, d in exact], abs=1e-6)
+        last = exact[-1][1]  # chunks tied at the cut may come in either order, or either one
+        assert {c for c, d in fast if d < last - 1e-6} == {c for c, d in exact if d < last - 1e-6}
+
+
+def test_hamming_rescores_only_its_nearest_codes(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> None:
+    files = {f"{i:03}.md": f"note {i} about topic {i % 7} and item {i % 11}\n" for i in range(60)}
+    ingest(conn, [write_corpus(tmp_path / "n", files)], settings=settings, embedder=fake_embedder)
+    coll = store.require_collection(conn, settings.collection)
+    q = fake_embedder.embed_queries(["topic 3 item 5"])[0]
+    rows = conn.execute(f"SELECT chunk_id, embedding FROM {store.vector_table(coll.dimension)}").fetchall()
+    qbits = (q > 0)
+    hamming = {int(r[0]): int(((store.deserialize_vector(r[1]) > 0) != qbits).sum()) for r in rows}
+    fast = search_vectors(conn, q, collection_id=coll.id, dimension=coll.dimension, access_keys=[1], k=3,
+                          mode="hamming", oversample=2)
+    cut = sorted(hamming.values())[5]  # the 6th smallest Hamming distance: ties with it are candidates too
+    assert len(fast) == 3
+    assert all(hamming[c] <= cut for c, _ in fast)
+    exact_distances = dict(search_vectors(conn, q, collection_id=coll.id, dimension=coll.dimension,
+                                          access_keys=[1], k=60))
+    for cid, distance in fast:
+        assert distance == pytest.approx(exact_distances[cid], abs=1e-6)
+    assert [d for _, d in fast] == sorted(d for _, d in fast)
+
+
+def test_hamming_codes_reload_when_vectors_change(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> None:
+    """The in-memory codes follow every write: a new document, a permission change, a deletion."""
+    fast = settings.replace(dense_mode="hamming")
+    ingest(conn, [write_corpus(tmp_path / "a", {"a.md": "alpha beta\n"})], settings=settings, embedder=fake_embedder)
+    assert [h.source for h in search(conn, "gamma delta", embedder=fake_embedder, settings=fast, stage="dense")] \
+        == ["a.md"]
+    ingest(conn, [write_corpus(tmp_path / "a", {"b.md": "gamma delta\n"})], settings=settings, embedder=fake_embedder)
+    hits = search(conn, "gamma delta", embedder=fake_embedder, settings=fast, stage="dense")
+    assert hits[0].source == "b.md"
+    coll = store.require_collection(conn, settings.collection)
+    row = store.find_document(conn, coll.id, "b.md")
+    store.update_document_groups(conn, coll, row["id"], ["hr"])
+    assert [h.source for h in search(conn, "gamma delta", embedder=fake_embedder, settings=fast, stage="dense")] \
+        == ["a.md"]
+    assert search(conn, "gamma delta", embedder=fake_embedder, settings=fast, stage="dense", groups=["hr"])[0].source \
+        == "b.md"
+    store.delete_document(conn, row["id"])
+    assert [h.source for h in search(conn, "gamma delta", embedder=fake_embedder, settings=fast, stage="dense",
+                                     groups=["hr"])] == ["a.md"]
+
+
+def test_hamming_codes_are_cached_per_version(
+    corpus: store.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coll = store.require_collection(corpus, settings.collection)
+    reads: list[int] = []
+    real = retrieval.read_hamming_codes
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        reads.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(retrieval, "read_hamming_codes", counting)
+    first = retrieval.hamming_codes(corpus, coll.id, [1, 2])
+    assert retrieval.hamming_codes(corpus, coll.id, [2, 1]) is first and len(reads) == 1
+    retrieval.hamming_codes(corpus, coll.id, [1])  # another set of readers: its own entry
+    assert len(reads) == 2
+    corpus.execute("UPDATE vector_versions SET version = version + 1 WHERE collection_id = ?", (coll.id,))
+    assert retrieval.hamming_codes(corpus, coll.id, [1, 2]) is not first and len(reads) == 3
+
+
+def test_hamming_and_fts_queries_use_the_intended_plans(conn: store.Connection) -> None:
+    """The rescoring and distance lookups go by rowid, and FTS5 is the outer loop of the sparse query
+    (with chunks outer, SQLite re-ran the MATCH once per chunk of the collection)."""
+    params = {"query": b"", "ids": "[1]", "collection": 1, "access_keys": "[1]", "k": 3, "match": '"a"',
+              "weight_heading": 3.0, "weight_body": 1.0}
+    plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + retrieval.HAMMING_RESCORE_SQL, params)]
+    assert any("chunk_vectors USING INTEGER PRIMARY KEY" in line for line in plan)
+    plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + retrieval.distance_sql(64), params)]
+    assert any("USING INTEGER PRIMARY KEY" in line for line in plan)
+    plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + retrieval.FTS_SQL, params)]
+    assert plan[0].startswith("SCAN chunks_fts")
+    assert any("SEARCH k USING INTEGER PRIMARY KEY" in line for line in plan)
+
+
+def test_dense_sql_names_every_mode() -> None:
+    assert dense_sql(64, "hamming") == retrieval.HAMMING_RESCORE_SQL
+    with pytest.raises(ValueError, match="exact, binary, hamming"):
+        dense_sql(64, "ivf")
 
 
 @pytest.mark.slow

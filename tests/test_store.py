@@ -279,3 +279,78 @@ def test_update_groups_moves_vectors_to_the_new_access_key(conn: store.Connectio
     hr = store.access_key(conn, ["hr"])
     assert {r[0] for r in conn.execute("SELECT acl FROM vec_chunks_8")} == {hr}
     assert {r[0] for r in conn.execute("SELECT access_key FROM chunks")} == {hr}
+
+
+# ---------------------------------------------------------------------------------------------
+# 0004_chunk_vectors: the plain vector table, its codes and its version counter
+
+
+def _plain_rows(conn: store.Connection) -> dict[int, tuple[int, int, bytes, bytes]]:
+    return {r[0]: (r[1], r[2], r[3], r[4]) for r in conn.execute(
+        "SELECT chunk_id, collection_id, acl, embedding, embedding_bit FROM chunk_vectors")}
+
+
+def _version_of(conn: store.Connection, collection_id: int) -> int:
+    row = conn.execute("SELECT version FROM vector_versions WHERE collection_id = ?", (collection_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_sign_bits_match_sqlite_vec_quantize_binary(conn: store.Connection) -> None:
+    for seed in range(5):
+        vector = _unit(64, seed)
+        expected = conn.execute("SELECT vec_quantize_binary(?)", (store.serialize_vector(vector),)).fetchone()[0]
+        assert store.sign_bits(vector) == expected == store.sign_bits(store.serialize_vector(vector))
+    assert store.sign_bits(np.array([1.0, -1.0, 0.0, 2.0] + [0.0] * 6, dtype=np.float32)) == bytes([0b1001, 0])
+
+
+def test_chunk_vectors_mirror_vec0_through_replace_groups_and_delete(conn: store.Connection) -> None:
+    coll = store.create_collection(conn, "c", "fake", 8)
+    text = "alpha one\n\nbeta two"
+    doc_id = store.replace_document(conn, coll, _version("a.md", text, ["all"]),
+                                    _rows(text, [_unit(8, 1), _unit(8, 2)]))
+    vec0 = {r[0]: (r[1], r[2], r[3])
+            for r in conn.execute("SELECT chunk_id, collection_id, acl, embedding FROM vec_chunks_8")}
+    plain = _plain_rows(conn)
+    assert set(plain) == set(vec0) and len(plain) == 2
+    for chunk_id, (collection_id, acl, blob, bits) in plain.items():
+        assert (collection_id, acl, blob) == vec0[chunk_id]
+        assert bits == store.sign_bits(blob)
+    before = _version_of(conn, coll.id)
+    store.update_document_groups(conn, coll, doc_id, ["hr"])
+    hr = store.access_key(conn, ["hr"])
+    assert {acl for _, acl, _, _ in _plain_rows(conn).values()} == {hr}
+    assert _version_of(conn, coll.id) > before
+    before = _version_of(conn, coll.id)
+    store.replace_document(conn, coll, _version("a.md", "gamma", ["all"]), _rows("gamma", [_unit(8, 3)]))
+    assert len(_plain_rows(conn)) == 1 and _version_of(conn, coll.id) > before
+    store.delete_document(conn, doc_id)
+    assert _plain_rows(conn) == {}
+
+
+def test_chunk_vectors_go_with_their_chunks_and_collection(conn: store.Connection) -> None:
+    coll = store.create_collection(conn, "c", "fake", 8)
+    a = store.replace_document(conn, coll, _version("a.md", "x\n\ny", ["all"]),
+                               _rows("x\n\ny", [_unit(8, 1), _unit(8, 2)]))
+    store.replace_document(conn, coll, _version("b.md", "z", ["all"]), _rows("z", [_unit(8, 4)]))
+    conn.execute("DELETE FROM chunks WHERE document_id = ?", (a,))  # the foreign key cascades
+    assert len(_plain_rows(conn)) == 1
+    with store.transaction(conn):
+        store.drop_collection_vectors(conn, coll)
+    assert _plain_rows(conn) == {}
+
+
+def test_migration_0004_backfills_chunk_vectors_from_vec0(db_path: Path) -> None:
+    conn = store.open_db(db_path)
+    coll = store.create_collection(conn, "c", "fake", 8)
+    text = "one\n\ntwo\n\nthree"
+    store.replace_document(conn, coll, _version("a.md", text, ["hr"]), _rows(text, [_unit(8, i) for i in range(3)]))
+    expected = _plain_rows(conn)
+    # Turn the database back into one made before 0004 (vec0 holds the vectors, nothing else).
+    for statement in ("DROP TABLE chunk_vectors", "DROP TABLE vector_versions",
+                      "DELETE FROM meta WHERE key = 'vector_index_id'",
+                      "DELETE FROM _migrations WHERE name = '0004_chunk_vectors'"):
+        conn.execute(statement)
+    assert store.migrate(conn) == ["0004_chunk_vectors"]
+    assert _plain_rows(conn) == expected
+    assert store.get_meta(conn, "vector_index_id")
+    conn.close()
