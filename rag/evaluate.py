@@ -527,6 +527,11 @@ def _r(value: float, digits: int = 4) -> float:
     return round(float(value), digits)
 
 
+def _p(value: float) -> float:
+    """A p-value to 3 significant figures (rounding to decimals would print 2.6e-08 as 0)."""
+    return float(f"{float(value):.3g}")
+
+
 def run_eval(
     conn: store.Connection,
     golden: Golden,
@@ -749,7 +754,7 @@ def compare_reports(
             "b": _r(recall_at_k([ranks_b[q] for q in common], k)),
             "wins": wins,
             "losses": losses,
-            "p": _r(sign_test(wins, losses), 6),
+            "p": _p(sign_test(wins, losses)),
         })
     return {
         "a": stage_a, "b": stage_b, "queries": len(common),
@@ -845,7 +850,7 @@ def run_strategies(
             for k in ks:
                 wins, losses = paired_counts([ranks[second][q] for q in common], [ranks[first][q] for q in common], k)
                 tests.append({"a": first, "b": second, "k": k, "wins": wins, "losses": losses,
-                              "p": _r(sign_test(wins, losses), 6)})
+                              "p": _p(sign_test(wins, losses))})
     return {"stage": stage, "ks": list(ks), "golden": golden.name, "rows": rows, "sign_tests": tests, "ranks": ranks}
 
 

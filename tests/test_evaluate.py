@@ -126,6 +126,20 @@ def test_sign_test_matches_seed_000() -> None:
     assert round(sign_test(10, 6), 2) == 0.45
 
 
+def test_compare_keeps_tiny_p_values() -> None:
+    # 38 wins and 3 losses: p = 2 * sum(C(41, i), i <= 3) / 2^41 ~ 1.5e-8, which 6 decimals printed as 0.
+    def report(ranks: list[int | None]) -> dict[str, Any]:
+        per_query = [{"id": f"q{i}", "kind": "answerable", "ranks": {"dense": r}} for i, r in enumerate(ranks)]
+        return {"config": {"ks": [4]}, "stages": {"dense": {}}, "per_query": per_query}
+
+    a = report([9] * 38 + [1] * 3)
+    b = report([1] * 38 + [9] * 3)
+    row = evaluate.compare_reports(a, b, stage_a="dense")["rows"][0]
+    assert (row["wins"], row["losses"]) == (38, 3)
+    assert row["p"] == pytest.approx(sign_test(38, 3), rel=1e-2)
+    assert 0 < row["p"] < 1e-6
+
+
 def test_paired_counts_by_hand() -> None:
     # A passes at k=4: T F F T; B passes: F T T T -> B wins twice, loses once.
     assert paired_counts([1, None, 5, 2], [None, 3, 1, 2], 4) == (2, 1)

@@ -5,6 +5,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -373,13 +374,19 @@ def test_binary_prefilter_with_enough_candidates_equals_exact(
     assert [d for _, d in binary] == pytest.approx([d for _, d in exact])
 
 
+def sixty_notes(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> tuple[Any, np.ndarray]:
+    """Sixty one-line notes ingested with the fake embedder, and a query vector over them."""
+    files = {f"{i:03}.md": f"note {i} about topic {i % 7} and item {i % 11}\n" for i in range(60)}
+    ingest(conn, [write_corpus(tmp_path / "n", files)], settings=settings, embedder=fake_embedder)
+    return store.require_collection(conn, settings.collection), fake_embedder.embed_queries(["topic 3 item 5"])[0]
+
+
 def test_binary_prefilter_rescores_only_its_candidates(
     conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
 ) -> None:
-    files = {f"{i:03}.md": f"note {i} about topic {i % 7} and item {i % 11}\n" for i in range(60)}
-    ingest(conn, [write_corpus(tmp_path / "n", files)], settings=settings, embedder=fake_embedder)
-    coll = store.require_collection(conn, settings.collection)
-    q = fake_embedder.embed_queries(["topic 3 item 5"])[0]
+    coll, q = sixty_notes(conn, settings, fake_embedder, tmp_path)
     table = store.vector_table(coll.dimension)
     coarse = {int(r[0]) for r in conn.execute(
         f"SELECT chunk_id FROM {table} WHERE embedding_bit MATCH vec_quantize_binary(?) AND k = 6",
@@ -448,10 +455,7 @@ def test_hamming_with_enough_candidates_equals_exact(
 def test_hamming_rescores_only_its_nearest_codes(
     conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
 ) -> None:
-    files = {f"{i:03}.md": f"note {i} about topic {i % 7} and item {i % 11}\n" for i in range(60)}
-    ingest(conn, [write_corpus(tmp_path / "n", files)], settings=settings, embedder=fake_embedder)
-    coll = store.require_collection(conn, settings.collection)
-    q = fake_embedder.embed_queries(["topic 3 item 5"])[0]
+    coll, q = sixty_notes(conn, settings, fake_embedder, tmp_path)
     rows = conn.execute(f"SELECT chunk_id, embedding FROM {store.vector_table(coll.dimension)}").fetchall()
     qbits = (q > 0)
     hamming = {int(r[0]): int(((store.deserialize_vector(r[1]) > 0) != qbits).sum()) for r in rows}
