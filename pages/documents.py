@@ -11,7 +11,7 @@ import streamlit as st
 
 from rag import store, ui
 from rag.errors import RagError
-from rag.ingest import document_statuses, ingest, reindex
+from rag.ingest import document_statuses, ingest, reindex, retry_failed_documents
 
 view = ui.current_view()
 settings = view.settings
@@ -132,7 +132,7 @@ if retry_col.button(f"Retry failed ({len(failed)})", disabled=not failed):
     try:
         model = ui.collection_embedder(settings, view.collection)
         with ui.connection(settings) as conn:
-            report = ui.retry_failed(
+            report = retry_failed_documents(
                 conn, settings=settings, embedder=model, collection=view.collection,
                 on_progress=progress_callback("Retry"),
             )

@@ -171,8 +171,9 @@ def _ask_stream(
         from rag.rerank import load_reranker
         from rag.retrieval import check_query
 
-        if reranker is None:
-            reranker = load_reranker(settings, llm_loader=shared_llm)
+        if reranker is None:  # an LLM reranker shares the caller's model and its lock, when given
+            loader = shared_llm if llm is None else (lambda *_: llm)
+            reranker = load_reranker(settings, llm_loader=loader, lock=lock)
         depth = settings.rerank_depth
         hits = (reranker.rank(check_query(question), hits[:depth]) + hits[depth:])[: settings.top_k]
     timings["rerank"] = _ms(clock)

@@ -367,6 +367,39 @@ def document_statuses(
     return infos
 
 
+def retry_failed_documents(
+    conn: store.Connection,
+    *,
+    settings: Settings,
+    embedder: Embedder,
+    collection: str,
+    on_progress: Callable[[int, int, int, str], None] | None = None,
+) -> IngestReport:
+    """Re-attempt every failed document of a collection from its file, keeping its source name.
+
+    ``rag ingest --retry-failed`` needs the original ingest root to rebuild source names; the
+    page has only the stored rows, so this walks them (each file keeps its stored source and
+    groups) through ``ingest_file``.
+    """
+    started = time.perf_counter()
+    coll = store.require_collection(conn, collection)
+    store.check_embedder(coll, embedder.model_id, embedder.dimension)
+    budget = chunk_budget(settings, embedder)
+    pipeline = pipeline_version(coll.strategy, budget)
+    failed = [d for d in document_statuses(conn, settings, collection) if d.status == "failed"]
+    results, embedded, seconds = [], 0, 0.0
+    for index, doc in enumerate(failed):
+        found = FoundFile(Path(doc.path), doc.source)
+        acl = AclRules({doc.source: doc.groups})
+        result, spent = ingest_file(conn, coll, found, embedder, pipeline, budget, acl, True, settings)
+        results.append(result)
+        embedded += result.chunks if result.status == "ok" else 0
+        seconds += spent
+        if on_progress:
+            on_progress(index + 1, len(failed), embedded, doc.source)
+    return IngestReport(collection, results, time.perf_counter() - started, seconds, embedded)
+
+
 def _current_pipeline(settings: Settings, coll: Collection) -> str:
     """The pipeline version new documents of this collection would get (no model load needed)."""
     from rag.embedding import max_tokens_for

@@ -14,7 +14,7 @@ import html
 import itertools
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,43 +305,6 @@ def report_messages(report: IngestReport) -> None:
     flash("error" if report.failed else "success", report.summary())
     for failed in report.failed:
         flash("error", f"**{failed.source}** failed: {failed.error}")
-
-
-def retry_failed(
-    conn: store.Connection,
-    *,
-    settings: Settings,
-    embedder: Embedder,
-    collection: str,
-    on_progress: Callable[[int, int, int, str], None] | None = None,
-) -> IngestReport:
-    """Re-attempt every failed document of a collection from its file, keeping its source name.
-
-    ``rag ingest --retry-failed`` needs the original ingest root to rebuild source names; the
-    page has only the stored rows, so this walks them (each file keeps its stored source and
-    groups) through ``ingest.ingest_file``.
-    """
-    import time
-
-    from rag import ingest as ingest_mod
-
-    started = time.perf_counter()
-    coll = store.require_collection(conn, collection)
-    store.check_embedder(coll, embedder.model_id, embedder.dimension)
-    budget = ingest_mod.chunk_budget(settings, embedder)
-    pipeline = ingest_mod.pipeline_version(coll.strategy, budget)
-    failed = [d for d in document_statuses(conn, settings, collection) if d.status == "failed"]
-    results, embedded, seconds = [], 0, 0.0
-    for index, doc in enumerate(failed):
-        found = ingest_mod.FoundFile(Path(doc.path), doc.source)
-        acl = ingest_mod.AclRules({doc.source: doc.groups})
-        result, spent = ingest_mod.ingest_file(conn, coll, found, embedder, pipeline, budget, acl, True, settings)
-        results.append(result)
-        embedded += result.chunks if result.status == "ok" else 0
-        seconds += spent
-        if on_progress:
-            on_progress(index + 1, len(failed), embedded, doc.source)
-    return IngestReport(collection, results, time.perf_counter() - started, seconds, embedded)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -319,3 +319,24 @@ def test_real_model_answers_a_guide_question_with_a_valid_citation(
 def test_real_pipeline_refuses_off_topic_without_the_model(guide_db: Path, real_embedder: Any) -> None:
     answer = ask(OFF_TOPIC_Q, db=guide_db, embedder=real_embedder, llm=FailingLLM())
     assert answer.status == "no_answer" and not answer.llm_called
+
+
+def test_an_llm_reranker_shares_the_callers_model_and_lock(
+    indexed: store.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from rag import rerank
+
+    built: dict[str, Any] = {}
+
+    def fake_load_reranker(settings: Settings, llm_loader: Any = None, lock: Any = None) -> rerank.Reranker:
+        built["llm"] = llm_loader(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
+        built["lock"] = lock
+        return rerank.NoReranker()
+
+    monkeypatch.setattr(rerank, "load_reranker", fake_load_reranker)
+    llm, lock = FakeLLM(GARAGE_ANSWER), threading.Lock()
+    answer = run(indexed, settings.replace(rerank="llm"), GARAGE_Q, llm, lock=lock)
+    assert built["llm"] is llm and built["lock"] is lock  # not a second model, not an unguarded one
+    assert answer.status == "answered"
