@@ -111,7 +111,7 @@ else:
         st.markdown(f"**Gate sweep** on the {gate['stage']} stage, up to {gate['max_sources']} sources")
         st.altair_chart(ui.gate_chart(report), width="stretch")
 
-    st.markdown("**Every query** — first relevant rank per stage (– = not retrieved), gate outcome at the current "
+    st.markdown("**Every query** — first relevant rank per stage (None = not retrieved), gate outcome at the current "
                 "threshold, and R@8 flips since the previous run on the same golden set")
     if flipped:
         st.caption(f"{len(flipped)} flip(s) since the previous run.")
