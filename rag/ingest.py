@@ -250,7 +250,27 @@ def ingest(
     name = collection or settings.collection
     files = discover(paths)
     coll = open_or_create_collection(conn, name, embedder, strategy, settings.strategy)
-    acl = acl or AclRules()
+    results, embedded, embed_seconds = ingest_found(
+        conn, coll, files, embedder=embedder, settings=settings, acl=acl or AclRules(), retry_failed=retry_failed,
+        on_progress=on_progress,
+    )
+    if prune:
+        results.extend(prune_missing(conn, coll))
+    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded)
+
+
+def ingest_found(
+    conn: store.Connection,
+    coll: Collection,
+    files: Sequence[FoundFile],
+    *,
+    embedder: Embedder,
+    settings: Settings,
+    acl: AclRules,
+    retry_failed: bool,
+    on_progress: ProgressFn | None = None,
+) -> tuple[list[FileResult], int, float]:
+    """Run ``ingest_file`` over ``files``: their results, chunks embedded and seconds spent embedding."""
     budget = chunk_budget(settings, embedder)
     pipeline = pipeline_version(coll.strategy, budget)
     results: list[FileResult] = []
@@ -263,9 +283,7 @@ def ingest(
         embed_seconds += seconds
         if on_progress:
             on_progress(index + 1, len(files), embedded, found.source)
-    if prune:
-        results.extend(prune_missing(conn, coll))
-    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded)
+    return results, embedded, embed_seconds
 
 
 def ingest_file(
@@ -373,7 +391,7 @@ def retry_failed_documents(
     settings: Settings,
     embedder: Embedder,
     collection: str,
-    on_progress: Callable[[int, int, int, str], None] | None = None,
+    on_progress: ProgressFn | None = None,
 ) -> IngestReport:
     """Re-attempt every failed document of a collection from its file, keeping its source name.
 
@@ -384,19 +402,11 @@ def retry_failed_documents(
     started = time.perf_counter()
     coll = store.require_collection(conn, collection)
     store.check_embedder(coll, embedder.model_id, embedder.dimension)
-    budget = chunk_budget(settings, embedder)
-    pipeline = pipeline_version(coll.strategy, budget)
     failed = [d for d in document_statuses(conn, settings, collection) if d.status == "failed"]
-    results, embedded, seconds = [], 0, 0.0
-    for index, doc in enumerate(failed):
-        found = FoundFile(Path(doc.path), doc.source)
-        acl = AclRules({doc.source: doc.groups})
-        result, spent = ingest_file(conn, coll, found, embedder, pipeline, budget, acl, True, settings)
-        results.append(result)
-        embedded += result.chunks if result.status == "ok" else 0
-        seconds += spent
-        if on_progress:
-            on_progress(index + 1, len(failed), embedded, doc.source)
+    results, embedded, seconds = ingest_found(
+        conn, coll, [FoundFile(Path(d.path), d.source) for d in failed], embedder=embedder, settings=settings,
+        acl=AclRules({d.source: d.groups for d in failed}), retry_failed=True, on_progress=on_progress,
+    )
     return IngestReport(collection, results, time.perf_counter() - started, seconds, embedded)
 
 

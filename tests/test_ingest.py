@@ -10,7 +10,7 @@ import pytest
 from rag import store
 from rag.config import Settings
 from rag.errors import IndexMismatchError, RagError
-from rag.ingest import AclRules, document_statuses, ingest, load_acl, reindex
+from rag.ingest import AclRules, document_statuses, ingest, load_acl, reindex, retry_failed_documents
 
 from .fakes import FakeEmbedder
 
@@ -129,6 +129,28 @@ def test_retry_failed_reattempts_unchanged_failures(
     ] == "failed"
     retried = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder(), retry_failed=True)
     assert {r.source: r.status for r in retried.results}["notes.txt"] == "ok"
+
+
+def test_retry_failed_documents_works_from_stored_rows_and_keeps_groups(
+    conn: store.Connection, settings: Settings, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag import ingest as ingest_module
+
+    write(corpus, "bad.txt", b"\xff\xfe\xfa")  # BOM says UTF-16, bytes are not
+    acl = AclRules({"bad.txt": ["hr"]})
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder(), acl=acl)
+    write(corpus, "bad.txt", "now readable text")
+    # The page knows no ingest root: any discovery would be a bug here.
+    monkeypatch.setattr(ingest_module, "discover", lambda *a, **k: pytest.fail("retry must not walk folders"))
+    seen: list[tuple[int, int, str]] = []
+    report = retry_failed_documents(
+        conn, settings=settings, embedder=FakeEmbedder(), collection=settings.collection,
+        on_progress=lambda done, total, _embedded, source: seen.append((done, total, source)),
+    )
+    assert [(r.source, r.status) for r in report.results] == [("bad.txt", "ok")]
+    assert seen == [(1, 1, "bad.txt")] and report.chunks_embedded > 0
+    fixed = {d.source: d for d in document_statuses(conn, settings)}["bad.txt"]
+    assert fixed.status == "ok" and list(fixed.groups) == ["hr"]
 
 
 def test_a_failed_update_keeps_the_previous_version(conn: store.Connection, settings: Settings, corpus: Path) -> None:
