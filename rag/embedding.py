@@ -248,6 +248,7 @@ def export_onnx_int8(model_dir: Path, target: Path) -> Path:
     (per-tensor scales lose too much: cosine to fp32 fell to 0.92 on handbook chunks, against
     >= 0.98 per channel). Written to a temporary name and renamed, so a crash leaves no half file.
     """
+    import logging
     import tempfile
     import warnings
 
@@ -289,10 +290,14 @@ def export_onnx_int8(model_dir: Path, target: Path) -> Path:
             hidden_size=int(config["hidden_size"]), opt_level=1,
         )
         optimized.save_model_to_file(str(fused))
-        quantize_dynamic(
-            str(fused), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
-            extra_options={"DefaultTensorType": 1},  # FLOAT, for outputs of the fused (com.microsoft) ops
-        )
+        logging.disable(logging.WARNING)  # quantize_dynamic advises "pre-processing" on the root logger
+        try:
+            quantize_dynamic(
+                str(fused), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
+                extra_options={"DefaultTensorType": 1},  # FLOAT, for outputs of the fused (com.microsoft) ops
+            )
+        finally:
+            logging.disable(logging.NOTSET)
         os.replace(quantized, target)
     return target
 
