@@ -227,7 +227,7 @@ def _ask_stream(
             ready = max(0, len(drafts) - STREAM_LAG)
             pieces: list[str] = []
             if ready > released:
-                judged = judge_sentences(drafts, kept, settings.support_threshold)
+                judged = judge_sentences(drafts, kept, settings.support_threshold, question)
                 for sentence in judged[released:ready]:
                     if sentence.supported:
                         pieces.append(shown_piece(sentence, emitted + len(pieces) == 0, strike=False))

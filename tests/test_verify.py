@@ -123,6 +123,33 @@ def test_low_overlap_is_not_supported() -> None:
     assert not verdict.supported and verdict.reason.startswith("overlap 0.00")
 
 
+def test_a_sentence_that_only_echoes_the_question_is_not_supported() -> None:
+    jury = hit("Employees summoned for jury service receive court leave and keep their annual and sick leave.")
+    question = "If I am summoned for jury service, do I have to use my own annual or sick leave?"
+    echo = draft_sentence("According to [1], you can use your own annual or sick leave for jury service.", 1)
+    assert judge(echo, [jury], 0.5).supported  # enough overlap, no number, no negation cue: looks fine
+    verdict = judge(echo, [jury], 0.5, question)
+    assert not verdict.supported and verdict.reason.startswith("echoes the question")
+    answer = draft_sentence("According to [1], you receive court leave for jury service [1].", 1)
+    assert judge(answer, [jury], 0.5, question).supported  # "receive" and "court" come from the source
+
+
+def test_a_short_answer_with_two_new_words_stands() -> None:
+    question = "When does the garage close on weekdays?"
+    assert judge(draft_sentence("It closes at 7 pm [1].", 2), [GARAGE, OFFICE], 0.5, question).supported
+    one_new = judge(draft_sentence("The garage closes on weekdays [1].", 2), [GARAGE, OFFICE], 0.5, question)
+    assert not one_new.supported and "1 word(s)" in one_new.reason
+
+
+def test_an_echo_is_replaced_by_the_quote() -> None:
+    question = "When does the garage close on weekdays?"
+    raw = "According to [1], the garage does close on weekdays."
+    kwargs: dict[str, Any] = {"support_threshold": 0.5, "show_unsupported": False, "embedder": None, "language": "en"}
+    verified = verify_answer(question, raw, [GARAGE], **kwargs)
+    assert verified.status == "extractive" and "7 pm" in verified.text
+    assert verified.trace["dropped_sentences"][0]["reason"].startswith("echoes the question")
+
+
 def test_vietnamese_support_ignores_tones_and_function_words() -> None:
     source = hit("Mỗi nhân viên được nghỉ phép năm 12 ngày, cộng thêm 1 ngày cho mỗi 5 năm làm việc.")
     typed_without_tones = draft_sentence("Theo [1], nhan vien duoc nghi phep nam 12 ngay.", 1)
