@@ -107,7 +107,7 @@ st.caption("Where a strategy would cut this document, and which cuts fall inside
            "block. Nothing is stored.")
 strategy = st.selectbox("Strategy", STRATEGIES, index=STRATEGIES.index(coll.strategy))
 try:
-    audit = ui.audit_document(doc, strategy, ui.embedder(ui.embedder_spec(coll.embedder)), view.settings)
+    audit = ui.audit_document(doc, strategy, ui.collection_embedder(view.settings, coll.name), view.settings)
 except RagError as e:
     ui.stop_on(e)
 c1, c2, c3, c4 = st.columns(4)

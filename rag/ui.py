@@ -63,11 +63,6 @@ def embedder(spec: str) -> Embedder:
     return load_embedder(spec)
 
 
-def embedder_spec(model_id: str) -> str:
-    """A stamped model id turned back into something ``load_embedder`` accepts."""
-    return spec_for_model_id(model_id)
-
-
 @dataclass(frozen=True, slots=True)
 class LockedLLM:
     """A ``llama_cpp.Llama`` shared by every session, with the lock that serialises its calls.
@@ -98,7 +93,7 @@ def collection_embedder(settings: Settings, collection: str) -> Embedder:
     """The embedding model a collection was built with (never another one)."""
     with connection(settings) as conn:
         coll = store.require_collection(conn, collection)
-    return embedder(embedder_spec(coll.embedder))
+    return embedder(spec_for_model_id(coll.embedder))
 
 
 def ingest_embedder(
