@@ -35,7 +35,7 @@ from rag.embedding import Embedder
 from rag.errors import QueryError
 from rag.models import Hit
 from rag.rerank import Reranker, load_reranker, rerank_text
-from rag.text import build_fts_query, fold, keywords
+from rag.text import build_fts_query, fold, keywords, quote_fts
 
 STAGES = ("dense", "fts", "hybrid", "rerank")
 DENSE_MODES = ("exact", "binary", "hamming")
@@ -357,16 +357,40 @@ def keyword_coverage(text: str, idf: dict[str, float]) -> float:
     return held / total
 
 
+def query_idf(conn: store.Connection, keywords: Sequence[str]) -> dict[str, float]:
+    """``keyword_idf`` of the query's keywords, from the fts5vocab document frequencies."""
+    words = sorted({w for k in keywords for w in _WORD.findall(k)})
+    doc_freq = {r[0]: int(r[1]) for r in conn.execute(TERM_DOCS_SQL, {"terms": json.dumps(words)})}
+    n_docs = int(conn.execute(CHUNK_COUNT_SQL).fetchone()[0])
+    return keyword_idf(n_docs, doc_freq, keywords)
+
+
+def necessary_keywords(idf: dict[str, float], min_coverage: float) -> list[str]:
+    """The keywords at least one of which a chunk must hold to reach ``min_coverage``.
+
+    The most common keywords whose IDF weights together stay under ``min_coverage`` of the total
+    cannot lift a chunk over the bar on their own, so a chunk holding none of the others fails
+    the coverage filter whatever its bm25: the sparse branch need not match on them.
+    """
+    total = sum(idf.values())
+    common = 0.0
+    needed = []
+    for keyword, weight in sorted(idf.items(), key=lambda kw: (kw[1], kw[0])):
+        if common + weight < min_coverage * total:
+            common += weight
+        else:
+            needed.append(keyword)
+    return needed
+
+
 def covered_fts_hits(
-    conn: store.Connection, sparse: list[tuple[int, float]], keywords: Sequence[str], min_coverage: float
+    conn: store.Connection, sparse: list[tuple[int, float]], keywords: Sequence[str], min_coverage: float,
+    idf: dict[str, float] | None = None,
 ) -> list[tuple[int, float]]:
     """The FTS hits that hold at least ``min_coverage`` of the query's keyword weight, in order."""
     if not sparse or min_coverage <= 0 or not keywords:
         return sparse
-    words = sorted({w for k in keywords for w in _WORD.findall(k)})
-    doc_freq = {r[0]: int(r[1]) for r in conn.execute(TERM_DOCS_SQL, {"terms": json.dumps(words)})}
-    n_docs = int(conn.execute(CHUNK_COUNT_SQL).fetchone()[0])
-    idf = keyword_idf(n_docs, doc_freq, keywords)
+    idf = query_idf(conn, keywords) if idf is None else idf
     texts = {int(r[0]): r[1] for r in conn.execute(FTS_TEXT_SQL, {"ids": json.dumps([c for c, _ in sparse])})}
     return [(cid, score) for cid, score in sparse if keyword_coverage(texts.get(cid, ""), idf) >= min_coverage]
 
@@ -514,12 +538,17 @@ def search(
             oversample=settings.hamming_oversample if settings.dense_mode == "hamming" else settings.binary_oversample,
         )
     if stage != "dense":
+        match = build_fts_query(text)
+        words = keywords(text)
+        idf = query_idf(conn, words) if stage != "fts" and settings.fts_min_coverage > 0 else None
+        if idf and settings.fts_necessary_only:
+            match = " OR ".join(quote_fts(k) for k in necessary_keywords(idf, settings.fts_min_coverage)) or match
         sparse = search_fts(
-            conn, build_fts_query(text), collection_id=coll.id, access_keys=access_keys, k=per_branch,
+            conn, match, collection_id=coll.id, access_keys=access_keys, k=per_branch,
             weights=(settings.weight_section, settings.weight_content),
         )
         if stage != "fts":  # in fusion, only hits holding most of the keyword weight may vote
-            sparse = covered_fts_hits(conn, sparse, keywords(text), settings.fts_min_coverage)
+            sparse = covered_fts_hits(conn, sparse, words, settings.fts_min_coverage, idf)
     rankings = [[cid for cid, _ in branch] for branch in (dense, sparse) if branch]
     scores = fuse_rrf(rankings, settings.rrf_k)
     ordered = order_fused(scores, rankings)[:wanted]

@@ -763,3 +763,38 @@ def test_only_well_covered_fts_hits_vote_in_hybrid(
     hybrid = search(corpus, question, embedder=fake_embedder, settings=settings, groups=["hr"], stage="hybrid")
     voted = {h.chunk_id for h in hybrid if h.sparse_rank is not None}
     assert voted == {cid for cid, _ in kept}
+
+
+def test_necessary_keywords_by_hand() -> None:
+    # total 6, bar 3: "a" and "b" (1 + 1 = 2 < 3) cannot reach it alone; every covered chunk holds "c".
+    assert retrieval.necessary_keywords({"a": 1.0, "b": 1.0, "c": 4.0}, 0.5) == ["c"]
+    assert retrieval.necessary_keywords({"a": 1.0, "b": 1.0}, 0.5) == ["a", "b"]  # either alone reaches 1 of 2
+    assert sorted(retrieval.necessary_keywords({"a": 1.0, "b": 2.0}, 0.0)) == ["a", "b"]
+    assert retrieval.necessary_keywords({}, 0.5) == []
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcdefgh"), st.floats(0.01, 10.0), min_size=1),
+    st.floats(0.05, 1.0),
+    st.sets(st.sampled_from("abcdefgh")),
+)
+def test_a_chunk_without_a_necessary_keyword_never_reaches_the_bar(
+    idf: dict[str, float], bar: float, held: set[str]
+) -> None:
+    needed = set(retrieval.necessary_keywords(idf, bar))
+    text = " ".join(sorted(held & set(idf)))
+    if not needed & held:
+        assert retrieval.keyword_coverage(text, idf) < bar + 1e-12  # (float sums in another order)
+
+
+def test_matching_only_necessary_keywords_keeps_every_covered_hit(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    question = "vpn 403 error after the paid vacation"
+    runs = {
+        flag: search(corpus, question, embedder=fake_embedder, settings=settings.replace(fts_necessary_only=flag),
+                     groups=["hr"], stage="hybrid")
+        for flag in (False, True)
+    }
+    voted = {flag: {h.chunk_id for h in hits if h.sparse_rank is not None} for flag, hits in runs.items()}
+    assert voted[True] and voted[True] == voted[False]
