@@ -11,7 +11,7 @@ import streamlit as st
 
 from rag import store, ui
 from rag.errors import RagError
-from rag.ingest import document_statuses, ingest, reindex, retry_failed_documents
+from rag.ingest import IngestReport, document_statuses, ingest, reindex, retry_failed_documents
 
 view = ui.current_view()
 settings = view.settings
@@ -127,31 +127,26 @@ st.dataframe(
 )
 st.caption(f"{len(infos)} documents · {len(infos) - len(failed)} ok · {len(failed)} failed · {len(stale)} stale")
 
+def run_with_collection_model(job: Callable[..., IngestReport], label: str) -> None:
+    """Run ``retry_failed_documents`` or ``reindex`` on this collection with its own model, then rerun."""
+    try:
+        model = ui.collection_embedder(settings, view.collection)
+        with ui.connection(settings) as conn:
+            report = job(
+                conn, settings=settings, embedder=model, collection=view.collection,
+                on_progress=progress_callback(label),
+            )
+        ui.report_messages(report)
+    except RagError as e:
+        ui.flash("error", str(e))
+    st.rerun()
+
+
 retry_col, stale_col = st.columns(2)
 if retry_col.button(f"Retry failed ({len(failed)})", disabled=not failed):
-    try:
-        model = ui.collection_embedder(settings, view.collection)
-        with ui.connection(settings) as conn:
-            report = retry_failed_documents(
-                conn, settings=settings, embedder=model, collection=view.collection,
-                on_progress=progress_callback("Retry"),
-            )
-        ui.report_messages(report)
-    except RagError as e:
-        ui.flash("error", str(e))
-    st.rerun()
+    run_with_collection_model(retry_failed_documents, "Retry")
 if stale_col.button(f"Re-embed stale ({len(stale)})", disabled=not stale):
-    try:
-        model = ui.collection_embedder(settings, view.collection)
-        with ui.connection(settings) as conn:
-            report = reindex(
-                conn, settings=settings, embedder=model, collection=view.collection,
-                on_progress=progress_callback("Re-embed"),
-            )
-        ui.report_messages(report)
-    except RagError as e:
-        ui.flash("error", str(e))
-    st.rerun()
+    run_with_collection_model(reindex, "Re-embed")
 
 with st.expander("Delete documents"), st.form("delete", clear_on_submit=True, border=False):
     by_source = {d.source: d.id for d in infos}
