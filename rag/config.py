@@ -58,7 +58,11 @@ class Settings:
     # (rag.retrieval.necessary_keywords). rag bench at 100k chunks: hybrid p50 49.5 -> 16.1 ms, p95
     # 120 -> 28 ms; golden hybrid R@4/8/20 unchanged on the handbook, guide and Vietnamese sets.
     fts_necessary_only: bool = True
-    rerank: str = "none"  # "none" | "cross-encoder" | "llm"
+    # "none" | "cross-encoder" | "llm". Off by default, by measurement (rag eval --stages hybrid,rerank,
+    # handbook golden set, 56 answerable queries): the LLM reranker over the bundled Gemma-3-270M took
+    # R@1/4/8 from 0.607/0.893/0.946 to 0.071/0.179/0.375 (R@4 +2/-42, sign test p = 1e-10) at ~12 s
+    # per question. No cross-encoder is bundled; a user's is measured the same way before use.
+    rerank: str = "none"
     rerank_model: str = ""  # local directory of a sentence-transformers CrossEncoder
     rerank_budget_ms: float = 4000.0  # past this the reranker gives up and RRF order stands
     rerank_depth: int = 20  # how many fused hits the reranker sees
