@@ -41,3 +41,18 @@ def test_int8_onnx_is_built_once_and_stays_close_to_fp32(tmp_path: Path, real_em
     assert np.allclose(fast.embed_passages(TEXTS[::-1])[::-1], a, atol=1e-6)
     assert [fast.count_tokens(t) for t in TEXTS] == [fp32.count_tokens(t) for t in TEXTS]
     assert fast.embed_passages([]).shape == (0, 384)
+
+
+@pytest.mark.slow
+def test_parallel_sessions_give_each_text_its_own_vector(tmp_path: Path) -> None:
+    cache = tmp_path / "models"
+    two = load_embedder("minilm", threads=2, cache_dir=cache)
+    one = load_embedder("minilm", threads=1, cache_dir=cache)
+    assert isinstance(two, OnnxEmbedder) and isinstance(one, OnnxEmbedder)
+    assert (len(two.sessions), len(one.sessions)) == (2, 1)
+    texts = TEXTS * 3  # more texts than sessions, of mixed lengths
+    alone = np.vstack([one.embed_passages([t]) for t in texts])
+    together = two.embed_passages(texts)
+    assert together.shape == alone.shape
+    assert np.allclose(together, alone, atol=1e-6)  # every row is its own text's vector, in place
+    assert not np.allclose(together[0], together[1], atol=1e-3)
