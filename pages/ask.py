@@ -24,11 +24,11 @@ if not view.collections:
     st.stop()
 
 history: list[tuple[str, object, list[str]]] = st.session_state.setdefault("asked", [])
-for asked, answer, groups in history:
+for turn, (asked, answer, groups) in enumerate(history):
     with st.chat_message("user"):
         st.markdown(ui.escape_markdown(asked))
     with st.chat_message("assistant"):
-        ui.render_answer(answer, groups)  # type: ignore[arg-type]
+        ui.render_answer(answer, groups, turn)  # type: ignore[arg-type]
 
 question = st.chat_input("Ask a question about your documents, e.g. How do I start the app on another port?")
 if question:

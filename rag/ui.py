@@ -760,11 +760,15 @@ def render_sources(answer: Answer, groups: Sequence[str]) -> None:
                 st.markdown(f"[:material/open_in_new: Open the passage]({url})")
 
 
-def render_no_answer(answer: Answer) -> None:
-    """Why there is no answer (best distance vs threshold) and the nearest passages, not close enough."""
+def render_no_answer(answer: Answer, turn: int = 0) -> None:
+    """Why there is no answer (best distance vs threshold) and the nearest passages, not close enough.
+
+    ``turn`` numbers the answer in its chat: element keys must be unique on a page, and a chat
+    holds many answers of the same kind (CSS class ``st-key-rag-no-answer-<turn>``).
+    """
     threshold = answer.trace.get("threshold")
     best = answer.trace.get("best_distance")
-    with st.container(key="rag-no-answer"):
+    with st.container(key=f"rag-no-answer-{turn}"):
         st.warning(f"**No answer.** {answer.message}", icon=":material/block:")
         if best is not None and threshold is not None:
             st.caption(f"The gate keeps a passage only when its cosine distance to the question is below "
@@ -799,16 +803,16 @@ def _shorten(text: str, limit: int) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
-def render_answer(answer: Answer, groups: Sequence[str]) -> None:
+def render_answer(answer: Answer, groups: Sequence[str], turn: int = 0) -> None:
     """A finished answer: its text with citation links (or the no-answer explanation), the status,
-    the sources, timings per stage and every hit."""
+    the sources, timings per stage and every hit. ``turn`` keeps its element keys unique in a chat."""
     if answer.status == "no_answer":
-        render_no_answer(answer)
+        render_no_answer(answer, turn)
     else:
         if answer.status == "extractive":
             st.info(f"**Extractive answer** — a quote from the best source, not written by the model. "
                     f"{answer.message}", icon=":material/format_quote:")
-        with st.container(key="rag-answer"):
+        with st.container(key=f"rag-answer-{turn}"):
             st.markdown(answer_markdown(answer, groups))
         grounded = "every sentence is supported by the source it cites" if answer.grounded else (
             "some sentences are not supported by their sources (shown struck through)")

@@ -199,7 +199,7 @@ def test_ask_cite_open_source_then_refuse_off_topic(app_url: str, chromium: obje
 
     # 1. A question the guide answers: an answer with at least one [n] citation link.
     _ask(page, QUESTION)
-    answer = page.locator(".st-key-rag-answer")
+    answer = page.locator('[class*="st-key-rag-answer-"]').first
     citation = answer.locator('a[href*="source?document="]').first
     expect(citation).to_be_visible(timeout=ANSWER_TIMEOUT_MS)
     _wait_idle(page)
@@ -224,7 +224,7 @@ def test_ask_cite_open_source_then_refuse_off_topic(app_url: str, chromium: obje
 
     # 3. An off-topic question: no answer, the gate explained, nearest passages "not close enough".
     _ask(page, OFF_TOPIC)
-    refusal = page.locator(".st-key-rag-no-answer")
+    refusal = page.locator('[class*="st-key-rag-no-answer-"]').first
     expect(refusal).to_be_visible(timeout=ANSWER_TIMEOUT_MS)
     expect(refusal).to_contain_text("No answer")
     expect(refusal).to_contain_text("threshold")

@@ -438,6 +438,25 @@ def test_ask_page_streams_an_answer_with_citation_links_sources_and_timings(
     assert at.expander[0].label.startswith("All hits (2 kept, 4 turned away")
 
 
+def test_ask_page_holds_a_chat_of_several_answers_of_the_same_kind(
+    guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression: every answer drew a container with the same key, so the second answer of a kind
+    # in one chat raised StreamlitDuplicateElementKey and lost the chat box.
+    with mock.patch("rag.ask.ask_stream", _scripted_stream("answered", guide_db, fake_models)):
+        at = run_page("pages/ask.py")
+        for question in ("How do I start the app on another port?", "Which port is used by default?"):
+            at.chat_input[0].set_value(question).run()
+            assert not at.exception, [e.value for e in at.exception]
+    assert sum("PORT=8502" in m.value for m in at.markdown) == 2
+    monkeypatch.setenv("RAG_MAX_DISTANCE", "0.2")
+    for question in ("Quelle est la meilleure recette de soufflé au chocolat", "Recette de crêpes au sarrasin"):
+        at.chat_input[0].set_value(question).run()  # real ask_stream: refused by the strict gate
+        assert not at.exception, [e.value for e in at.exception]
+    assert sum(w.value.startswith("**No answer.**") for w in at.warning) == 2
+    assert len(at.chat_input) == 1  # the chat box is still there
+
+
 def test_ask_page_labels_an_extractive_answer(guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None) -> None:
     with mock.patch("rag.ask.ask_stream", _scripted_stream("extractive", guide_db, fake_models)):
         at = run_page("pages/ask.py")
