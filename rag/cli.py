@@ -110,6 +110,8 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     else:
         for failed in report.failed:
             print(f"FAILED {failed.source}: {failed.error}", file=sys.stderr)
+        for warning in report.warnings:
+            print(f"WARNING: {warning}", file=sys.stderr)
         print(report.summary())
     return 0
 

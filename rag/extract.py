@@ -22,6 +22,8 @@ SUPPORTED_SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text"
 EXTRACTOR_VERSIONS = {"markdown": "1", "text": "1", "html": "1", "pdf": "1"}
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)?(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
+# "---" on line 1 followed by YAML-looking "key:" lines and no closing "---": broken front matter.
+_UNCLOSED_FRONT_MATTER = re.compile(r"\A---[ \t]*\n(?:[ \t]*\n)*[A-Za-z_][\w-]*[ \t]*:")
 _ATX_H1 = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
 
 
@@ -66,15 +68,37 @@ def _title_from_stem(path: Path) -> str:
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any], int]:
-    """Parse YAML front matter; return (metadata, offset where the body starts)."""
+    """Parse YAML front matter; return (metadata, offset where the body starts).
+
+    Front matter carries a document's permissions (``groups:``), so front matter that cannot be
+    read is an error, never "no front matter": ignoring it would make a restricted document public.
+
+    Raises:
+        ExtractionError: the YAML is malformed, is not ``key: value`` pairs, or is never closed.
+    """
     match = _FRONT_MATTER.match(text)
     if not match:
+        if _UNCLOSED_FRONT_MATTER.match(text):
+            raise ExtractionError(
+                "the front matter opened by '---' on line 1 is never closed (add a '---' line after it); "
+                "its permissions cannot be read"
+            )
         return {}, 0
     try:
         loaded = yaml.safe_load(match.group(1) or "")
-    except yaml.YAMLError:
-        loaded = None  # malformed front matter is still front matter: never chunk text
-    return (loaded if isinstance(loaded, dict) else {}), match.end()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 2})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise ExtractionError(
+            f"the front matter is not valid YAML{where}: {problem}; fix it — the document's permissions "
+            "cannot be read, so it is not indexed"
+        ) from e
+    if loaded is None:
+        return {}, match.end()
+    if not isinstance(loaded, dict):
+        raise ExtractionError("the front matter must be 'key: value' lines (e.g. 'groups: [hr]')")
+    return loaded, match.end()
 
 
 def extract_markdown(path: Path, data: bytes) -> Extracted:

@@ -49,6 +49,7 @@ class IngestReport:
     seconds: float = 0.0
     embed_seconds: float = 0.0
     chunks_embedded: int = 0
+    warnings: list[str] = field(default_factory=list)  # ignored or unmatched permission inputs
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -115,38 +116,90 @@ class AclRules:
             return self.rules[source]
         matched: set[str] = set()
         for pattern, groups in self.rules.items():
-            if any(ch in pattern for ch in "*?[") and (
-                fnmatch.fnmatchcase(source, pattern) or PurePosixPath(source).match(pattern)
-            ):
+            if _matches(pattern, source):
                 matched.update(groups)
         return sorted(matched) or None
 
+    def unmatched(self, sources: Iterable[str]) -> list[str]:
+        """Keys that name no file of ``sources``: a typo there would leave a file public."""
+        names = list(sources)
+        return [key for key in self.rules if key not in names and not any(_matches(key, n) for n in names)]
+
+
+def _matches(pattern: str, source: str) -> bool:
+    return any(ch in pattern for ch in "*?[") and (
+        fnmatch.fnmatchcase(source, pattern) or PurePosixPath(source).match(pattern)
+    )
+
+
+def _acl_key(key: str) -> str:
+    """Source names are POSIX paths relative to the ingest root: "./hr/a.md" and "hr\\a.md" mean "hr/a.md"."""
+    key = key.strip().replace("\\", "/")
+    while key.startswith("./"):
+        key = key[2:]
+    return key
+
 
 def load_acl(path: str | Path | None) -> AclRules:
+    """Read an access map. Anything that could leave a document more public than meant is refused.
+
+    Raises:
+        RagError: unreadable file, not a JSON object of lists of group names, or an empty group
+            list (write ``["all"]`` for a public document).
+    """
     if path is None:
         return AclRules()
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RagError(f"cannot read the access map {path}: {e}") from e
     if not isinstance(raw, dict) or not all(
         isinstance(k, str) and isinstance(v, list) and all(isinstance(g, str) for g in v) for k, v in raw.items()
     ):
         raise RagError(f"the access map {path} must be a JSON object {{\"path or glob\": [\"group\", ...]}}")
-    return AclRules({k: store.normalize_groups(v) for k, v in raw.items()})
+    rules: dict[str, list[str]] = {}
+    for key, groups in raw.items():
+        if not [g for g in groups if g.strip()]:
+            raise RagError(f"the access map {path} gives {key!r} an empty group list: name its groups, "
+                           'or write ["all"] to make it public')
+        rules.setdefault(_acl_key(key), [])
+        rules[_acl_key(key)] = store.normalize_groups([*rules[_acl_key(key)], *groups])
+    return AclRules(rules)
+
+
+# Front-matter keys that look like a misspelt ``groups:``; honouring none of them would make the
+# document public, so they fail it with a hint instead.
+_GROUP_KEY_TYPOS = {"group", "acl", "access", "permissions", "allowed_groups"}
 
 
 def groups_for(source: str, acl: AclRules, metadata: dict[str, Any]) -> list[str]:
-    """Groups from the access map, else front matter ``groups:``, else public."""
+    """Groups from the access map, else front matter ``groups:``, else public.
+
+    Raises:
+        ExtractionError: front matter whose ``groups:`` is empty, not names, or misspelt.
+    """
     from_acl = acl.groups_for(source)
     if from_acl:
         return store.normalize_groups(from_acl)
-    declared = metadata.get("groups")
-    if isinstance(declared, str):
+    keys = {str(k).lower(): k for k in metadata}
+    if "groups" not in keys:
+        typo = next((keys[k] for k in keys if k in _GROUP_KEY_TYPOS), None)
+        if typo is not None:
+            raise ExtractionError(f"the front matter has '{typo}:' but permissions are read from 'groups:'; "
+                                  "rename it (e.g. 'groups: [hr]')")
+        return [store.PUBLIC_GROUP]
+    declared = metadata[keys["groups"]]
+    if declared is None:
+        declared = []
+    if isinstance(declared, str | int):
         declared = [declared]
-    if isinstance(declared, list):
-        return store.normalize_groups(str(g) for g in declared)
-    return [store.PUBLIC_GROUP]
+    if not isinstance(declared, list) or not all(isinstance(g, str | int) for g in declared):
+        raise ExtractionError("the front matter's 'groups:' must be a list of group names (e.g. 'groups: [hr]')")
+    names = [str(g).strip() for g in declared if str(g).strip()]
+    if not names:
+        raise ExtractionError("the front matter's 'groups:' is empty: name the groups, or write 'groups: [all]' "
+                              "to make the document public")
+    return store.normalize_groups(names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +309,10 @@ def ingest(
     )
     if prune:
         results.extend(prune_missing(conn, coll))
-    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded)
+    warnings = [f"the access map's key {key!r} matches no file under the ingested folders, so it applied "
+                "to nothing (keys are paths relative to the folder, e.g. \"hr/salaries.md\", or globs)"
+                for key in (acl or AclRules()).unmatched(f.source for f in files)]
+    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, warnings)
 
 
 def ingest_found(
@@ -300,10 +356,13 @@ def ingest_file(
 ) -> tuple[FileResult, float]:
     """Process one file; never raises for a bad file (it is recorded as failed)."""
     source = found.source
+    # The permissions a failure can rely on: the access map's, else none (the old version, if
+    # any, is then withheld from every reader until the file can be read again).
+    known_groups = acl.groups_for(source)
     try:
         data = found.path.read_bytes() if data is None else data
     except OSError as e:
-        store.record_failure(conn, coll, source, str(found.path), acl.groups_for(source) or [], "", "",
+        store.record_failure(conn, coll, source, str(found.path), known_groups, "", "",
                              f"cannot read the file: {e.strerror or e}")
         return FileResult(source, "failed", error=f"cannot read the file: {e.strerror or e}"), 0.0
     bytes_hash = hashlib.sha256(data).hexdigest()
@@ -323,6 +382,7 @@ def ingest_file(
     try:
         doc = extract(found.path, data)
         groups = groups_for(source, acl, doc.metadata)
+        known_groups = groups
         rows, seconds = prepare_chunks(doc, coll.strategy, budget, embedder, settings.embed_batch)
         if not rows:
             raise ExtractionError("no text to index after front matter and markup")
@@ -330,8 +390,7 @@ def ingest_file(
         reason = str(e) if isinstance(e, ExtractionError) else f"{type(e).__name__}: {e}"
         if not isinstance(e, ExtractionError):
             log.exception("ingest of %s failed", source)
-        groups = acl.groups_for(source) or []
-        store.record_failure(conn, coll, source, str(found.path), groups, bytes_hash, wanted_hash, reason)
+        store.record_failure(conn, coll, source, str(found.path), known_groups, bytes_hash, wanted_hash, reason)
         return FileResult(source, "failed", error=reason), 0.0
     version = store.DocumentVersion(
         source=source, path=str(found.path), title=doc.title, groups=groups, content_hash=wanted_hash,
@@ -348,9 +407,14 @@ def _refresh_groups(conn: store.Connection, coll: Collection, row: Any, source: 
     from rag.extract import split_front_matter
 
     metadata: dict[str, Any] = {}
-    if row["extractor"] == "markdown" and row["canonical_text"]:
-        metadata, _ = split_front_matter(row["canonical_text"])
-    groups = groups_for(source, acl, metadata)
+    try:
+        if row["extractor"] == "markdown" and row["canonical_text"]:
+            metadata, _ = split_front_matter(row["canonical_text"])
+        groups = groups_for(source, acl, metadata)
+    except ExtractionError as e:  # stored before permissions were checked this strictly: fail closed
+        store.record_failure(conn, coll, source, row["path"], acl.groups_for(source), row["bytes_hash"],
+                             row["content_hash"], str(e))
+        return FileResult(source, "failed", error=str(e))
     if groups != json.loads(row["groups"]):
         store.update_document_groups(conn, coll, row["id"], groups)
         return FileResult(source, "groups", row["chunk_count"])
@@ -478,7 +542,12 @@ def _reprocess(
         body_start = 0
         metadata: dict[str, Any] = {}
         if row["extractor"] == "markdown":
-            metadata, body_start = split_front_matter(row["canonical_text"])
+            try:
+                metadata, body_start = split_front_matter(row["canonical_text"])
+            except ExtractionError as e:  # stored before front matter was checked this strictly
+                store.record_failure(conn, coll, row["source"], row["path"], None, row["bytes_hash"] or "",
+                                     row["content_hash"] or "", str(e))
+                return FileResult(row["source"], "failed", error=str(e)), 0.0
         pages = _stored_pages(conn, row) if row["extractor"] == "pdf" else ()
         doc = Extracted(row["canonical_text"], row["title"], row["extractor"], row["extractor_version"],
                         body_start, pages, metadata)
@@ -498,7 +567,7 @@ def _reprocess(
         return FileResult(row["source"], "ok", len(rows), sum(r.chunk.truncated for r in rows)), seconds
     if not path.exists():
         reason = f"source file {path} is gone and the stored text cannot be re-extracted"
-        store.record_failure(conn, coll, row["source"], row["path"], json.loads(row["groups"]),
+        store.record_failure(conn, coll, row["source"], row["path"], json.loads(row["groups"]) or None,
                              row["bytes_hash"] or "", row["content_hash"] or "", reason)
         return FileResult(row["source"], "failed", error=reason), 0.0
     found = FoundFile(path, row["source"])

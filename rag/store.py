@@ -337,6 +337,17 @@ def access_key(conn: Connection, groups: Iterable[str]) -> int:
     return int(conn.execute("SELECT id FROM access_keys WHERE groups = ?", (key,)).fetchone()[0])
 
 
+# The group set of a withheld document: empty, which no reader's groups can meet (normalize_groups
+# never yields it, so no reader holds it and visible_access_keys never returns its key).
+WITHHELD_GROUPS = "[]"
+
+
+def withheld_access_key(conn: Connection) -> int:
+    """The access key no reader may see: a failed document whose permissions are unknown."""
+    conn.execute("INSERT OR IGNORE INTO access_keys (groups) VALUES (?)", (WITHHELD_GROUPS,))
+    return int(conn.execute("SELECT id FROM access_keys WHERE groups = ?", (WITHHELD_GROUPS,)).fetchone()[0])
+
+
 def visible_access_keys(conn: Connection, groups: Iterable[str]) -> list[int]:
     """Access keys a reader may see: those whose groups meet the reader's groups.
 
@@ -486,16 +497,19 @@ def _version_params(version: DocumentVersion, key: int) -> dict[str, Any]:
 
 
 def record_failure(
-    conn: Connection, collection: Collection, source: str, path: str, groups: Sequence[str], bytes_hash: str,
-    content_hash: str, error: str,
+    conn: Connection, collection: Collection, source: str, path: str, groups: Sequence[str] | None,
+    bytes_hash: str, content_hash: str, error: str,
 ) -> int:
-    """Mark a document failed with its reason.
+    """Mark a document failed with its reason, failing closed on permissions.
 
-    A document that was fine before keeps its previous chunks (nothing is lost): only its status
-    and error change, so the old version stays searchable until a readable file replaces it.
+    A document that was fine before keeps its previous chunks (nothing is lost), but never with
+    looser permissions than the newest ones known: ``groups`` (from the access map) are applied to
+    the old version at once, and ``None`` (the new permissions could not be read) withholds the
+    old version from every reader until a readable file replaces it.
     """
     with transaction(conn):
-        key = access_key(conn, groups)
+        key = access_key(conn, groups) if groups is not None else withheld_access_key(conn)
+        shown = json.dumps(normalize_groups(groups)) if groups is not None else WITHHELD_GROUPS
         old = find_document(conn, collection.id, source)
         if old is not None:
             conn.execute(
@@ -503,33 +517,40 @@ def record_failure(
                 "THEN ? ELSE content_hash END, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
                 (error, content_hash, old["id"]),
             )
+            if old["access_key"] != key:
+                _set_document_access(conn, collection, int(old["id"]), shown, key)
             return int(old["id"])
         cursor = conn.execute(
             """INSERT INTO documents (collection_id, source, path, groups, access_key, content_hash, bytes_hash,
                status, error) VALUES (?, ?, ?, ?, ?, ?, ?, 'failed', ?)""",
-            (collection.id, source, path, json.dumps(normalize_groups(groups)), key, content_hash, bytes_hash, error),
+            (collection.id, source, path, shown, key, content_hash, bytes_hash, error),
         )
         return int(cursor.lastrowid)
 
 
 def update_document_groups(conn: Connection, collection: Collection, document_id: int, groups: Sequence[str]) -> None:
     """Change who may read a document without re-embedding it (documents, chunks and vec0 rows)."""
-    table = vector_table(collection.dimension)
     with transaction(conn):
         key = access_key(conn, groups)
-        conn.execute(
-            "UPDATE documents SET groups = ?, access_key = ?, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
-            "WHERE id = ?",
-            (json.dumps(normalize_groups(groups)), key, document_id),
-        )
-        conn.execute("UPDATE chunks SET access_key = ? WHERE document_id = ?", (key, document_id))
-        # One row at a time: sqlite-vec 0.1.9 rejects a multi-row UPDATE here as if it touched the
-        # partition key ("UPDATE on partition key columns are not supported yet").
-        chunk_ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE document_id = ?", (document_id,))]
-        for chunk_id in chunk_ids:
-            conn.execute(f"UPDATE {table} SET acl = ? WHERE chunk_id = ?", (key, chunk_id))
-        conn.execute("UPDATE chunk_vectors SET acl = ? WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)",
-                     (key, document_id))
+        _set_document_access(conn, collection, document_id, json.dumps(normalize_groups(groups)), key)
+
+
+def _set_document_access(conn: Connection, collection: Collection, document_id: int, groups_json: str,
+                         key: int) -> None:
+    table = vector_table(collection.dimension)
+    conn.execute(
+        "UPDATE documents SET groups = ?, access_key = ?, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+        "WHERE id = ?",
+        (groups_json, key, document_id),
+    )
+    conn.execute("UPDATE chunks SET access_key = ? WHERE document_id = ?", (key, document_id))
+    # One row at a time: sqlite-vec 0.1.9 rejects a multi-row UPDATE here as if it touched the
+    # partition key ("UPDATE on partition key columns are not supported yet").
+    chunk_ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE document_id = ?", (document_id,))]
+    for chunk_id in chunk_ids:
+        conn.execute(f"UPDATE {table} SET acl = ? WHERE chunk_id = ?", (key, chunk_id))
+    conn.execute("UPDATE chunk_vectors SET acl = ? WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)",
+                 (key, document_id))
 
 
 def set_document_path(conn: Connection, document_id: int, path: str) -> None:
