@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run demo test test-fast lint bench clean-venv
+.PHONY: install run demo test test-fast lint browser bench clean-venv
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=python3.11)")'
@@ -29,14 +29,30 @@ demo: install
 	$(BIN)/rag demo
 
 run: demo
-	$(BIN)/streamlit run app.py --server.port $(PORT)
+	# No file watcher: it would watch .venv too (thousands of inotify events under load).
+	$(BIN)/streamlit run app.py --server.port $(PORT) --server.fileWatcherType none
 
 lint: install
 	$(BIN)/ruff check rag tests pages app.py db
 	$(BIN)/mypy
 
-test: lint
-	$(BIN)/pytest
+# The browser tests drive Debian's Chromium (Playwright's own browser download does not work
+# offline): install it when missing and we can, else stop at once with the command to run.
+browser:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Installing Chromium for the browser tests (apt-get install chromium chromium-driver)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then \
+	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "The browser tests need Chromium. Run:  sudo apt-get install chromium chromium-driver  (then make test)"; \
+	    exit 1; \
+	  fi; }
+
+# Every test: a bare `pytest` deselects the slow (real-model) and browser tests; `-m ""` runs all.
+test: lint browser
+	$(BIN)/pytest -m ""
 
 test-fast: install
 	$(BIN)/pytest -m "not slow and not browser"
