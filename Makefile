@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: a plain `torch` requirement pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	# llama-cpp-python compiles from source; a native (-march=native) build crashes in decode here.
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[dev]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install --progress-bar on -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

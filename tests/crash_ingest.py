@@ -24,7 +24,8 @@ class SlowEmbedder(FakeEmbedder):
 def main(db: str, folder: str) -> None:
     conn = store.open_db(db)
     print("started", flush=True)
-    ingest(conn, [folder], settings=load_settings(db_path=db, embed_batch=2), embedder=SlowEmbedder())
+    ingest(conn, [folder], settings=load_settings(db_path=db, embed_batch=2), embedder=SlowEmbedder(),
+           on_progress=lambda done, _total, _chunks, _source: print(f"done {done}", flush=True))
     print("finished", flush=True)
 
 
