@@ -461,6 +461,20 @@ def compact_rules(text: str) -> str:
     return _RULE_RUN.sub(lambda m: m.group()[:3], text)
 
 
+# No tokenizer reads more than this many characters per token on average. WordPiece turns a
+# "word" longer than 100 characters into one [UNK], so a 1 MB run without spaces would count as
+# a few tokens and pass as one untruncated chunk; bounding the count by length makes the chunker
+# cut it and flag what the encoder cannot read.
+MAX_CHARS_PER_TOKEN = 16
+
+
+def _bounded_counter(count_tokens: CountTokens) -> CountTokens:
+    def count(text: str) -> int:
+        return max(count_tokens(text), len(text) // MAX_CHARS_PER_TOKEN)
+
+    return count
+
+
 def chunk_document(
     doc: Extracted,
     *,
@@ -491,6 +505,7 @@ def chunk_document(
         raise ValueError(f"the chunk budget must be at least 1 token, got {budget}")
     if size is not None and size < 2:
         raise ValueError(f"the chunk size must be at least 2 characters, got {size}")
+    count_tokens = _bounded_counter(count_tokens)
     segments = document_segments(doc)
     drafts: list[tuple[_Draft, int | None]]
     if strategy in _BOUNDARY_STRATEGIES:

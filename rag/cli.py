@@ -51,10 +51,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-def _open(settings: Settings) -> Any:
+def _open(settings: Settings, create: bool = False) -> Any:
+    """The database; only commands that write documents (ingest, demo) may create it."""
     from rag import store
 
-    return store.open_db(settings.db_path)
+    return store.open_db(settings.db_path, create=create)
 
 
 def _common(parser: argparse.ArgumentParser, collection: bool = True) -> None:
@@ -91,7 +92,8 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from rag.embedding import load_embedder
     from rag.ingest import choose_embedder, ingest, load_acl
 
-    conn = _open(settings)
+    acl = load_acl(args.acl)  # a bad access map is refused before anything is created or indexed
+    conn = _open(settings, create=True)
     choice = choose_embedder(conn, args.paths, requested=args.embedder, settings=settings)
     if choice.note:
         print(choice.note, file=sys.stderr)
@@ -100,7 +102,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     try:
         report = ingest(
             conn, args.paths, settings=settings, embedder=embedder, collection=settings.collection,
-            strategy=args.strategy, acl=load_acl(args.acl), prune=args.prune, retry_failed=args.retry_failed,
+            strategy=args.strategy, acl=acl, prune=args.prune, retry_failed=args.retry_failed,
             on_progress=None if args.json else update,
         )
     finally:
@@ -207,7 +209,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     folder = demo_corpus()
     if not folder.is_dir():
         raise RagError(f"the demo corpus is missing ({folder}); run from a clone of the repository")
-    conn = _open(settings)
+    conn = _open(settings, create=True)
     if demo_is_current(conn, folder, settings):
         print(f"demo corpus already indexed in {settings.db_path} (collection {settings.collection!r})")
         return 0
@@ -417,7 +419,7 @@ def _read_queries(path: str, default_groups: list[str]) -> list[dict[str, Any]]:
     """JSON lines {"id", "query", "groups"}; checked before any search runs."""
     try:
         lines = (sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")).splitlines()
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise RagError(f"cannot read the queries file {path}: {e}") from e
     queries = []
     for number, line in enumerate(lines, start=1):
@@ -749,11 +751,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
+    from rag import store
+
     try:
         settings = _settings(args)
         return handlers[args.command](args, settings)
     except RagError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except store.sqlite.Error as e:  # a full disk, a read-only file, a lock held too long: one line, no traceback
+        print(f"error: {store.describe_storage_error(getattr(args, 'db', None) or 'the database', e)}",
+              file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

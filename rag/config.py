@@ -89,16 +89,33 @@ class Settings:
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
-def _coerce(name: str, raw: Any) -> Any:
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(name: str, raw: Any, origin: str) -> Any:
+    """``raw`` as the field's type; ``origin`` (e.g. "RAG_TOP_K", "rag.toml") names it in errors."""
     kind = _FIELDS[name].type
-    if kind == "Path":
-        return Path(str(raw)).expanduser()
-    if kind == "int":
-        return int(raw)
-    if kind == "float":
-        return float(raw)
-    if kind == "bool":
-        return raw if isinstance(raw, bool) else str(raw).lower() in {"1", "true", "yes", "on"}
+    try:
+        if kind == "Path":
+            return Path(str(raw)).expanduser()
+        if kind == "int":
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
+            return int(raw)
+        if kind == "float":
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return float(raw)
+        if kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).strip().lower() in _TRUE | _FALSE:
+                return str(raw).strip().lower() in _TRUE
+            raise ValueError(raw)
+    except (TypeError, ValueError):
+        what = {"int": "a whole number", "float": "a number", "bool": "true or false"}.get(str(kind), str(kind))
+        raise RagError(f"{name} must be {what} (got {raw!r} from {origin})") from None
     return str(raw)
 
 
@@ -128,20 +145,27 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     Overrides whose value is ``None`` are ignored, so CLI flags can be passed straight in.
     """
     values: dict[str, Any] = {}
-    path = config_file or data_dir() / CONFIG_FILE_NAME
+    folder = data_dir()
+    if folder.exists() and not folder.is_dir():
+        raise RagError(f"the data directory {folder} (RAG_DATA_DIR) is a file, not a folder: point RAG_DATA_DIR "
+                       "at a folder")
+    path = config_file or folder / CONFIG_FILE_NAME
     if path.is_file():
         try:
             loaded = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise RagError(f"cannot read settings file {path}: it is not UTF-8 text ({e.reason} at byte "
+                           f"{e.start}); save it as UTF-8") from e
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise RagError(f"cannot read settings file {path}: {e}") from e
         for key, raw in loaded.items():
             if key not in _FIELDS:
                 raise RagError(f"unknown setting {key!r} in {path}; valid: {', '.join(sorted(_FIELDS))}")
-            values[key] = _coerce(key, raw)
+            values[key] = _coerce(key, raw, str(path))
     for name in _FIELDS:
         env = os.environ.get(f"RAG_{name.upper()}")
         if env is not None:
-            values[name] = _coerce(name, env)
+            values[name] = _coerce(name, env, f"RAG_{name.upper()}")
     if "RAG_DB" in os.environ:
         values["db_path"] = Path(os.environ["RAG_DB"]).expanduser()
     for key, raw in overrides.items():
@@ -149,5 +173,5 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             continue
         if key not in _FIELDS:
             raise RagError(f"unknown setting {key!r}")
-        values[key] = _coerce(key, raw)
+        values[key] = _coerce(key, raw, "the command line")
     return validate(Settings(**values))

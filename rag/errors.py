@@ -29,3 +29,7 @@ class QueryError(RagError):
 
 class NotFoundError(RagError):
     """A named collection, document or run does not exist."""
+
+
+class StorageError(RagError):
+    """The database file cannot be used as it is; the message names the file and the fix."""

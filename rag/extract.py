@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +40,50 @@ def extractor_for(path: Path) -> str:
 
 
 def decode_text(data: bytes) -> str:
-    """UTF-8 (BOM allowed) or UTF-16 with a BOM; anything else fails with the exact position."""
+    """UTF-8 (BOM allowed) or UTF-16 (with a BOM, or recognised by its NUL bytes); anything else
+    fails with the exact position. Text that still holds NUL characters is refused: it would be
+    stored as NUL-interleaved text that no search can ever find."""
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         try:
-            return data.decode("utf-16")
+            text = data.decode("utf-16")
         except UnicodeDecodeError as e:
             raise ExtractionError(f"invalid UTF-16 text at byte {e.start}") from e
+        return _without_nul(text)
+    bomless = _utf16_without_bom(data)
+    if bomless is not None:
+        return _without_nul(bomless)
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ExtractionError(
             f"not UTF-8 text: invalid byte 0x{data[e.start]:02x} at offset {e.start}; re-save the file as UTF-8"
         ) from e
+    return _without_nul(text)
+
+
+def _utf16_without_bom(data: bytes) -> str | None:
+    """UTF-16 text without a byte-order mark, told apart by its NUL bytes: Latin and Vietnamese
+    text in UTF-16 has a zero in (nearly) every other byte, in the high byte of each unit."""
+    sample = data[:4096]
+    if len(sample) < 4 or len(sample) % 2:
+        return None
+    even, odd = sample[0::2].count(0), sample[1::2].count(0)
+    units = len(sample) // 2
+    for zeros, encoding in ((odd, "utf-16-le"), (even, "utf-16-be")):
+        if zeros >= 0.3 * units and (odd if encoding == "utf-16-be" else even) <= 0.02 * units:
+            try:
+                return data.decode(encoding)
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def _without_nul(text: str) -> str:
+    position = text.find("\x00")
+    if position >= 0:
+        raise ExtractionError(f"the file holds NUL characters (first at character {position}): it is binary, or "
+                              "text in an encoding other than UTF-8/UTF-16; re-save it as UTF-8")
+    return text
 
 
 def canonical(text: str) -> str:
@@ -243,4 +276,8 @@ def extract(path: Path, data: bytes | None = None) -> Extracted:
             raise ExtractionError(f"cannot read the file: {e.strerror or e}") from e
     if not data:
         raise ExtractionError("the file is empty (0 bytes)")
-    return _EXTRACTORS[kind](path, data)
+    try:
+        return _EXTRACTORS[kind](path, data)
+    except RecursionError as e:  # e.g. HTML elements nested ~1,000 deep: the block walk recurses
+        raise ExtractionError("the document is nested too deeply to read (elements inside elements, "
+                              f"over {sys.getrecursionlimit()} levels); flatten or simplify it") from e

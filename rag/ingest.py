@@ -210,26 +210,58 @@ def groups_for(source: str, acl: AclRules, metadata: dict[str, Any]) -> list[str
 class FoundFile:
     path: Path
     source: str  # relative to the ingest root, POSIX separators
+    name_error: str | None = None  # why the file's name cannot be stored (it then fails alone)
+
+
+def _printable(name: str) -> str:
+    """A file name as text: bytes that are not UTF-8 (kept by Python as surrogates) become \\xNN."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _found(path: Path, source: str) -> FoundFile:
+    shown = _printable(source)
+    if shown == source:
+        return FoundFile(path, source)
+    return FoundFile(Path(_printable(str(path))), shown,
+                     f"the file name {shown!r} is not valid UTF-8; rename the file (e.g. with `convmv`) and "
+                     "ingest again")
 
 
 def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
-    """Files under each path (a folder is walked; its supported files are taken)."""
+    """Files under each path (a folder is walked; its supported files are taken).
+
+    With one folder, a file's source name is its path relative to that folder. With several,
+    it starts with the folder's own name (``rootA/index.md``, ``rootB/index.md``), so files of
+    the same relative path in two folders are both kept.
+
+    Raises:
+        RagError: a path does not exist, or two paths would give two files the same source name.
+    """
+    roots = [Path(raw).expanduser() for raw in paths]
+    several = len(roots) > 1
     found: dict[str, FoundFile] = {}
-    for raw in paths:
-        root = Path(raw).expanduser()
+    for raw, root in zip(paths, roots, strict=True):
         if not root.exists():
-            raise RagError(f"no such file or folder: {raw}")
+            raise RagError(f"no such file or folder: {_printable(str(raw))}")
         if root.is_file():
-            found[root.name] = FoundFile(root.resolve(), root.name)
+            _add(found, _found(root.resolve(), root.name))
             continue
+        prefix = f"{root.resolve().name}/" if several else ""
         for file in sorted(root.rglob("*")):
             rel = file.relative_to(root)
             if any(part in SKIPPED_NAMES or part.startswith(".") for part in rel.parts):
                 continue
             if file.is_file() and file.suffix.lower() in SUPPORTED_SUFFIXES:
-                source = rel.as_posix()
-                found[source] = FoundFile(file.resolve(), source)
+                _add(found, _found(file.resolve(), prefix + rel.as_posix()))
     return sorted(found.values(), key=lambda f: f.source)
+
+
+def _add(found: dict[str, FoundFile], file: FoundFile) -> None:
+    other = found.get(file.source)
+    if other is not None and other.path != file.path:
+        raise RagError(f"two files would both be stored as {file.source!r}: {other.path} and {file.path}; "
+                       "ingest them in separate runs or collections (--collection), or rename one folder")
+    found[file.source] = file
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +388,9 @@ def ingest_file(
 ) -> tuple[FileResult, float]:
     """Process one file; never raises for a bad file (it is recorded as failed)."""
     source = found.source
+    if found.name_error is not None:
+        store.record_failure(conn, coll, source, str(found.path), None, "", "", found.name_error)
+        return FileResult(source, "failed", error=found.name_error), 0.0
     # The permissions a failure can rely on: the access map's, else none (the old version, if
     # any, is then withheld from every reader until the file can be read again).
     known_groups = acl.groups_for(source)

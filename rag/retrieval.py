@@ -483,8 +483,20 @@ def hit_rows(
 # search()
 
 
+# A question, not a document: past this the prompt cannot hold the question and its sources.
+MAX_QUERY_CHARS = 4000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def check_query(query: str) -> str:
     """The NFC, stripped question, or QueryError saying why it cannot be searched."""
+    bad = _SURROGATE.search(query or "")
+    if bad is not None:  # a lone surrogate: bytes that were not UTF-8 (a shell argument, a JSON "\ud800")
+        raise QueryError(f"the question holds a character that is not valid text (at position {bad.start()}, "
+                         "e.g. a byte that is not UTF-8): retype it or save the file as UTF-8")
+    if len(query) > MAX_QUERY_CHARS:
+        raise QueryError(f"the question is {len(query):,} characters long; ask in at most {MAX_QUERY_CHARS:,} "
+                         "(to search a document's text, ingest the document instead)")
     text = unicodedata.normalize("NFC", query or "").strip()
     if not text:
         raise QueryError("the question is empty: type a few words to search for")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import sqlite_vec
 
-from rag.errors import ExtensionLoadError, IndexMismatchError, NotFoundError, RagError
+from rag.errors import ExtensionLoadError, IndexMismatchError, NotFoundError, RagError, StorageError
 from rag.models import Chunk, Collection, DocumentInfo
 
 PUBLIC_GROUP = "all"  # every reader holds it implicitly; documents default to it
@@ -64,14 +64,15 @@ sqlite: ModuleType = _sqlite_module()  # the sqlite3-compatible module in use: c
 Connection = Any  # sqlite.Connection of whichever module was chosen
 
 
-def connect(path: str | Path) -> Connection:
+def connect(path: str | Path, *, uri: bool = False) -> Connection:
     """Open (creating if needed) a database with sqlite-vec loaded, WAL and foreign keys on.
 
-    The connection is in autocommit mode; group writes with ``transaction(conn)``.
+    The connection is in autocommit mode; group writes with ``transaction(conn)``. With ``uri``
+    the path is an SQLite URI (``file:...?immutable=1``) and nothing is created.
     """
-    if str(path) != ":memory:":
+    if str(path) != ":memory:" and not uri:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite.connect(str(path), isolation_level=None, timeout=30.0)
+    conn = sqlite.connect(str(path), isolation_level=None, timeout=30.0, uri=uri)
     conn.row_factory = sqlite.Row
     try:
         conn.enable_load_extension(True)
@@ -85,6 +86,9 @@ def connect(path: str | Path) -> Connection:
         ) from e
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA busy_timeout = 30000")
+    if uri:  # read-only (immutable): no journal mode change, no writes
+        conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
+        return conn
     # WAL: readers (the app) never block the writer (an ingest run) and a killed writer
     # leaves the last committed state (https://sqlite.org/wal.html). NORMAL is crash-safe in WAL.
     conn.execute("PRAGMA journal_mode = WAL")
@@ -103,7 +107,10 @@ def transaction(conn: Connection) -> Iterator[Connection]:
     try:
         yield conn
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite rolls back by itself on some errors (a full disk: https://sqlite.org/lang_transaction.html);
+        # a second ROLLBACK would then hide the real error behind "no transaction is active".
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
 
@@ -186,11 +193,78 @@ def _split_sql(script: str) -> list[str]:
     return [s for s in statements if any(ln.strip() and not ln.strip().startswith("--") for ln in s.splitlines())]
 
 
-def open_db(path: str | Path) -> Connection:
-    """connect() + migrate(): what every entry point uses."""
-    conn = connect(path)
-    migrate(conn)
+def open_db(path: str | Path, *, create: bool = True) -> Connection:
+    """connect() + migrate(): what every entry point uses.
+
+    Every way the file can be wrong becomes a ``StorageError`` that names the file and the fix:
+    a folder, a file that is not SQLite, a missing file when ``create`` is False (read-only
+    commands never create a database or its folder), a read-only file or folder (opened
+    read-only, so it can still be searched), a full disk.
+    """
+    if str(path) == ":memory:":
+        conn = connect(path)
+        migrate(conn)
+        return conn
+    file = Path(path)
+    if file.is_dir():
+        raise StorageError(f"the database path {file} is a folder; give a file such as {file / 'rag.db'}")
+    if not file.exists():
+        if not create:
+            raise StorageError(f"no database at {file}: check the path (rag ingest creates one)")
+        if file.parent.exists() and not file.parent.is_dir():
+            raise StorageError(f"cannot create the database {file}: {file.parent} is a file, not a folder")
+    try:
+        conn = _connect_writable_or_read_only(file)
+    except sqlite.DatabaseError as e:
+        raise StorageError(_storage_problem(file, e)) from e
+    except OSError as e:
+        raise StorageError(f"cannot create the database {file}: {e.strerror or e}") from e
     return conn
+
+
+def _connect_writable_or_read_only(file: Path) -> Connection:
+    conn = None
+    try:
+        conn = connect(file)
+        migrate(conn)
+        return conn
+    except sqlite.OperationalError as e:
+        if conn is not None:
+            conn.close()
+        if not file.exists() or not _read_only_problem(e):
+            raise
+    # A read-only file or folder (backup media): WAL needs its -shm file, so open the file as
+    # immutable (https://sqlite.org/uri.html#uriimmutable) for reading; writes fail with a message.
+    conn = connect(f"file:{file.resolve()}?immutable=1", uri=True)
+    if pending_migrations(conn):
+        conn.close()
+        raise StorageError(f"the database {file} is read-only and needs an upgrade: open it once where it can be "
+                           "written")
+    return conn
+
+
+def _read_only_problem(error: Exception) -> bool:
+    text = str(error).lower()
+    return "readonly" in text or "read-only" in text or "unable to open" in text
+
+
+def describe_storage_error(file: str | Path, error: Exception) -> str:
+    """One line for a user: what is wrong with the database file and what to do."""
+    return _storage_problem(Path(file), error)
+
+
+def _storage_problem(file: Path, error: Exception) -> str:
+    text = str(error).lower()
+    if "not a database" in text or "malformed" in text or "file is encrypted" in text:
+        return f"{file} is not a rag-desk database (not SQLite, or damaged): point --db / RAG_DB at another file"
+    if "disk is full" in text or "database or disk is full" in text:
+        return f"the disk holding {file} is full: free some space and run again (nothing was half-written)"
+    if _read_only_problem(error):
+        return (f"the database {file} is read-only here ({error}): searching works, but indexing needs a "
+                "writable copy")
+    if "locked" in text or "busy" in text:
+        return f"the database {file} is busy (another process holds a write lock): try again when it finishes"
+    return f"cannot open the database {file}: {error}"
 
 
 # ---------------------------------------------------------------------------------------------

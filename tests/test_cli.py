@@ -38,6 +38,9 @@ def test_ingest_status_chunks_delete_roundtrip(
 
 
 def test_known_errors_are_one_line_messages(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rag import store
+
+    store.open_db(db_path).close()
     assert cli.main(["chunks", "--db", str(db_path), "--document", "x.md", "--collection", "nope"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: no collection named 'nope'") and "Traceback" not in err
