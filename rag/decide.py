@@ -1,0 +1,250 @@
+"""The answer-or-refuse decision: a calibrated logistic model over several signals.
+
+The distance gate (``rag.gate``) stays the cheap first filter: a question whose nearest passage
+is far away never reaches the model. Past it, "quote the nearest passage when the model fails"
+turned most unanswerable questions into bluffs, because a near-topic question always has a
+near passage. This module decides instead, from signals that each carry part of the evidence:
+
+- ``distance``: the best cosine distance, divided by the collection's gate threshold so that
+  embedders with different distance scales (MiniLM ~0.3-0.9, e5 ~0.1-0.25) share one model;
+- ``gap``: how much closer the best passage is than the next one (relative, as above);
+- ``coverage``: the IDF-weighted share of the question's keywords held by the best kept
+  passage, and ``rare_coverage``: the same over the rarer half of the keywords only — an
+  unanswerable near-topic question tends to miss exactly its rare term ("Wi-Fi password",
+  "severance");
+- ``agreement``: whether the dense and the sparse branch put the same passage on top;
+- ``lm_refused``: the language model replied "not in the sources";
+- ``lm_logodds``: the model's yes/no log-odds that the sources answer the question (0 unknown);
+- ``verified``: the share of the model's sentences that passed verification.
+
+The model is ``sklearn.linear_model.LogisticRegression`` (Cox 1958; calibrated probabilities by
+construction of the log-loss), fitted on golden sets with leave-one-corpus-out validation
+(``sklearn.model_selection.LeaveOneGroupOut``) so that the reported figures come from corpora
+the weights never saw. The threshold on the probability is chosen on the out-of-fold
+predictions: the lowest share of lost answers such that bluffs stay within ``max_bluff``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+FEATURES = ("distance", "gap", "coverage", "rare_coverage", "agreement", "lm_refused", "lm_logodds", "verified")
+LOGODDS_CLIP = 10.0  # |log-odds| beyond this says nothing more and would dominate the fit
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """The evidence for one question, each value a plain float (see the module docstring)."""
+
+    distance: float
+    gap: float
+    coverage: float
+    rare_coverage: float
+    agreement: float
+    lm_refused: float = 0.0
+    lm_logodds: float = 0.0
+    verified: float = 0.0
+
+    def vector(self) -> np.ndarray:
+        return np.array([getattr(self, name) for name in FEATURES], dtype=np.float64)
+
+
+def retrieval_signals(
+    distances: Sequence[float],
+    coverages: Sequence[float],
+    rare_coverages: Sequence[float],
+    top_dense_rank: int | None,
+    top_sparse_rank: int | None,
+    threshold: float,
+) -> Signals:
+    """The retrieval part of the signals, from the kept hits in rank order.
+
+    Args:
+        distances: cosine distance of each kept hit (best first).
+        coverages: IDF-weighted keyword coverage of each kept hit.
+        rare_coverages: the same over the rarer half of the keywords.
+        top_dense_rank, top_sparse_rank: the first hit's rank in each branch (None: absent).
+        threshold: the collection's gate threshold (the distance scale).
+    """
+    if not distances:
+        raise ValueError("retrieval_signals needs at least one kept hit")
+    scale = threshold if threshold > 0 else 1.0
+    best = min(distances)
+    rest = sorted(distances)[1:]
+    gap = (rest[0] - best) / scale if rest else 1.0
+    agreement = 1.0 if top_dense_rank == 1 and top_sparse_rank == 1 else (
+        0.5 if top_dense_rank is not None and top_sparse_rank is not None else 0.0)
+    return Signals(
+        distance=best / scale, gap=gap, coverage=max(coverages, default=0.0),
+        rare_coverage=max(rare_coverages, default=0.0), agreement=agreement,
+    )
+
+
+def rare_half(idf: Mapping[str, float]) -> dict[str, float]:
+    """The rarer half of the keywords by IDF (at least one): the terms a passage must hold."""
+    if not idf:
+        return {}
+    ranked = sorted(idf.items(), key=lambda kv: -kv[1])
+    return dict(ranked[: max(1, math.ceil(len(ranked) / 2))])
+
+
+def clip_logodds(value: float | None) -> float:
+    if value is None or math.isnan(value):
+        return 0.0
+    return float(max(-LOGODDS_CLIP, min(LOGODDS_CLIP, value)))
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionModel:
+    """Weights of the logistic model plus the probability threshold; stored per collection."""
+
+    weights: tuple[float, ...]
+    intercept: float
+    mean: tuple[float, ...]  # standardisation of each feature (fitted on the training rows)
+    scale: tuple[float, ...]
+    threshold: float
+    features: tuple[str, ...] = FEATURES
+    fitted_on: tuple[str, ...] = ()  # the corpora (golden sets) it was fitted on
+    report: dict[str, float] = field(default_factory=dict)  # out-of-fold figures at the threshold
+
+    def probability(self, signals: Signals) -> float:
+        """P(the shown answer is right | signals)."""
+        x = (signals.vector() - np.asarray(self.mean)) / np.asarray(self.scale)
+        z = float(np.dot(np.asarray(self.weights), x) + self.intercept)
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+
+    def answers(self, signals: Signals) -> bool:
+        return self.probability(signals) >= self.threshold
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DecisionModel:
+        raw = json.loads(text)
+        if tuple(raw.get("features", ())) != FEATURES:
+            raise ValueError(f"decision model features {raw.get('features')} differ from {FEATURES}: refit it")
+        return cls(
+            weights=tuple(raw["weights"]), intercept=float(raw["intercept"]), mean=tuple(raw["mean"]),
+            scale=tuple(raw["scale"]), threshold=float(raw["threshold"]), features=tuple(raw["features"]),
+            fitted_on=tuple(raw.get("fitted_on", ())), report=dict(raw.get("report", {})),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One golden query: its signals, whether answering it is right, and its corpus."""
+
+    signals: Signals
+    answerable: bool  # the evidence is visible to the asker: answering (correctly) is right
+    correct: bool  # the answer that would be shown cites the evidence (False for unanswerable)
+    corpus: str
+
+
+def choose_threshold(probabilities: Sequence[float], examples: Sequence[Example], max_bluff: float = 0.10) -> float:
+    """The probability threshold with the fewest lost answers whose bluff rate stays <= max_bluff.
+
+    A bluff: an unanswerable query (or an answerable one whose shown answer is wrong) that is
+    answered. Lost: an answerable, correctly answerable query that is refused. Rates are over
+    the unanswerable and the answerable queries respectively. When no threshold keeps bluffs
+    within the bound, the one with the fewest bluffs wins.
+    """
+    if len(probabilities) != len(examples):
+        raise ValueError("one probability per example")
+    scored = [(t, outcome_rates(probabilities, examples, t)) for t in sorted({0.0, 1.0, *probabilities})]
+    feasible = [(r["lost"], -r["answered_correct"], t) for t, r in scored if r["bluff"] <= max_bluff]
+    if feasible:
+        return min(feasible)[2]
+    return min((r["bluff"], r["lost"], t) for t, r in scored)[2]
+
+
+def outcome_rates(probabilities: Sequence[float], examples: Sequence[Example], threshold: float) -> dict[str, float]:
+    """Bluff, lost and answered-and-correct rates at ``threshold``, and the coverage/risk pair."""
+    answered = [p >= threshold for p in probabilities]
+    negatives = [e for e in examples if not e.answerable]
+    positives = [e for e in examples if e.answerable]
+    bluffs = sum(a for a, e in zip(answered, examples, strict=True) if not e.answerable)
+    lost = sum(not a for a, e in zip(answered, examples, strict=True) if e.answerable)
+    right = sum(a and e.correct for a, e in zip(answered, examples, strict=True) if e.answerable)
+    shown = sum(answered)
+    wrong = sum(a and not (e.answerable and e.correct) for a, e in zip(answered, examples, strict=True))
+    return {
+        "bluff": bluffs / len(negatives) if negatives else 0.0,
+        "lost": lost / len(positives) if positives else 0.0,
+        "answered_correct": right / len(positives) if positives else 0.0,
+        "coverage": shown / len(examples) if examples else 0.0,
+        "risk": wrong / shown if shown else 0.0,
+    }
+
+
+def coverage_risk_curve(probabilities: Sequence[float], examples: Sequence[Example]) -> list[dict[str, float]]:
+    """(threshold, coverage, risk) at every distinct probability: the selective-answering curve
+    (El-Yaniv & Wiener 2010): share of questions answered vs share of the answered that are wrong."""
+    points = []
+    for t in sorted({*probabilities}):
+        rates = outcome_rates(probabilities, examples, t)
+        points.append({"threshold": t, "coverage": rates["coverage"], "risk": rates["risk"]})
+    return points
+
+
+def _label(example: Example) -> int:
+    return int(example.answerable and example.correct)
+
+
+def fit_decision(examples: Sequence[Example], max_bluff: float = 0.10, c: float = 1.0) -> DecisionModel:
+    """Fit the logistic model on ``examples``; the threshold and report come from
+    leave-one-corpus-out predictions when there are two corpora or more (else from the fit)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import LeaveOneGroupOut
+
+    if len({_label(e) for e in examples}) < 2:
+        raise ValueError("fitting the decision needs questions to answer and questions to refuse")
+    x = np.stack([e.signals.vector() for e in examples])
+    y = np.array([_label(e) for e in examples])
+    corpora = np.array([e.corpus for e in examples])
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale == 0] = 1.0
+
+    def fitted(rows: np.ndarray) -> LogisticRegression:
+        model = LogisticRegression(C=c, max_iter=1000)
+        model.fit((x[rows] - mean) / scale, y[rows])
+        return model
+
+    out_of_fold = np.zeros(len(examples))
+    if len(set(corpora)) >= 2:
+        for train, test in LeaveOneGroupOut().split(x, y, corpora):
+            if len(set(y[train])) < 2:
+                out_of_fold[test] = y[train][0]
+                continue
+            out_of_fold[test] = fitted(train).predict_proba((x[test] - mean) / scale)[:, 1]
+    else:
+        out_of_fold = fitted(np.arange(len(examples))).predict_proba((x - mean) / scale)[:, 1]
+    threshold = choose_threshold(list(out_of_fold), examples, max_bluff)
+    final = fitted(np.arange(len(examples)))
+    report = outcome_rates(list(out_of_fold), examples, threshold)
+    return DecisionModel(
+        weights=tuple(float(w) for w in final.coef_[0]), intercept=float(final.intercept_[0]),
+        mean=tuple(float(m) for m in mean), scale=tuple(float(s) for s in scale), threshold=float(threshold),
+        fitted_on=tuple(sorted(set(corpora))), report=report,
+    )
+
+
+__all__ = [
+    "FEATURES",
+    "DecisionModel",
+    "Example",
+    "Signals",
+    "choose_threshold",
+    "clip_logodds",
+    "coverage_risk_curve",
+    "fit_decision",
+    "outcome_rates",
+    "rare_half",
+    "retrieval_signals",
+]
