@@ -8,8 +8,9 @@ import time
 
 import streamlit as st
 
-from rag import evaluate, ui
+from rag import evaluate, history, ui
 from rag.errors import RagError
+from rag.golden import Golden, load_golden
 from rag.ingest import load_acl
 
 view = ui.current_view()
@@ -39,12 +40,12 @@ else:
     golden_upload = st.file_uploader("Golden set (JSON)", type=["json"])
 
 
-def chosen_golden() -> evaluate.Golden:
+def chosen_golden() -> Golden:
     if golden_upload is not None:
         return ui.golden_from_upload(golden_upload)
     if not golden_path:
         raise RagError("choose a golden set first")
-    return evaluate.load_golden(golden_path)
+    return load_golden(golden_path)
 
 
 with st.form("run"):
@@ -68,8 +69,8 @@ if run_clicked:
                 ks=evaluate.parse_ks(ks_text),
                 groups_as_golden=as_golden, commit=evaluate.current_commit(),
             )
-            run_id = evaluate.save_run(conn, report)
-        ui.flash("success", f"Run #{run_id}: {report['queries']['total']} queries in "
+            run_id = history.save_run(conn, report)
+        ui.flash("success", f"Run #{run_id}: {report.queries.total} queries in "
                             f"{time.perf_counter() - started:.1f} s.")
     except RagError as e:
         ui.flash("error", str(e))
@@ -79,36 +80,36 @@ if run_clicked:
 
 try:
     with ui.connection(settings) as conn:
-        runs = evaluate.list_runs(conn, collection=view.collection)
+        runs = history.list_runs(conn, collection=view.collection)
 except RagError as e:
     ui.stop_on(e)
 if not runs:
     st.info(f"No evaluation of “{view.collection}” yet: pick a golden set and press Run.")
 else:
-    labels = {r["id"]: f"#{r['id']} · {r['created_at'][:19]} · {r['golden_name']} · {r['embedder']}" for r in runs}
+    labels = {r.id: f"#{r.id} · {r.created_at[:19]} · {r.golden_name} · {r.embedder}" for r in runs}
     run_id = st.selectbox("Run", list(labels), format_func=labels.__getitem__)
     try:
         with ui.connection(settings) as conn:
-            report = evaluate.load_report(conn, run_id)
-            flipped = evaluate.run_flips(conn, run_id, k=8)
+            report = history.load_report(conn, run_id)
+            flipped = history.run_flips(conn, run_id, k=8)
     except RagError as e:
         ui.stop_on(e)
-    gate = report["gate"]
+    gate = report.gate
     c1, c2, c3, c4, c5 = st.columns(5)
-    c1.metric("Queries", report["queries"]["total"], help=f"{report['queries']['answerable']} answerable")
-    c2.metric("Leaks", report["leaks"]["total"], help="Forbidden evidence in the top k: must be 0.")
-    c3.metric("Destroyed", report["destroyed"]["queries"], help="Answerable queries whose quote no chunk holds whole.")
-    c4.metric("Threshold", f"{gate['current']['threshold']:.3f}",
-              help=f"{gate['current']['bluffs']} bluffs, {gate['current']['lost']} lost answers")
-    c5.metric("Recommended", f"{gate['recommended']['threshold']:.3f}",
-              help=f"{gate['recommended']['bluffs']} bluffs, {gate['recommended']['lost']} lost answers")
+    c1.metric("Queries", report.queries.total, help=f"{report.queries.answerable} answerable")
+    c2.metric("Leaks", report.leaks.total, help="Forbidden evidence in the top k: must be 0.")
+    c3.metric("Destroyed", report.destroyed.queries, help="Answerable queries whose quote no chunk holds whole.")
+    c4.metric("Threshold", f"{gate.current.threshold:.3f}",
+              help=f"{gate.current.bluffs} bluffs, {gate.current.lost} lost answers")
+    c5.metric("Recommended", f"{gate.recommended.threshold:.3f}",
+              help=f"{gate.recommended.bluffs} bluffs, {gate.recommended.lost} lost answers")
 
     chart_left, chart_right = st.columns(2)
     with chart_left:
         st.markdown("**Recall@k per stage** (95 % Wilson intervals)")
         st.altair_chart(ui.recall_chart(report), width="stretch")
     with chart_right:
-        st.markdown(f"**Gate sweep** on the {gate['stage']} stage, up to {gate['max_sources']} sources")
+        st.markdown(f"**Gate sweep** on the {gate.stage} stage, up to {gate.max_sources} sources")
         st.altair_chart(ui.gate_chart(report), width="stretch")
 
     st.markdown("**Every query** — first relevant rank per stage (None = not retrieved), gate outcome at the current "
@@ -148,12 +149,12 @@ elif saved is not None:
 shown_table = st.session_state.get("strategy_result")
 if shown_table:
     result = shown_table
-    st.markdown(f"**Recall@k per strategy** on the {result['stage']} stage, golden set {result['golden']}")
+    st.markdown(f"**Recall@k per strategy** on the {result.stage} stage, golden set {result.golden}")
     st.altair_chart(ui.strategy_chart(result), width="stretch")
     st.dataframe(ui.strategy_table(result), hide_index=True)
-    if result.get("sign_tests"):
+    if result.sign_tests:
         st.caption("Paired sign tests (wins/losses of the first strategy over the second):")
-        st.dataframe(result["sign_tests"], hide_index=True)
+        st.dataframe([t.to_json() for t in result.sign_tests], hide_index=True)
 
 # --- history -----------------------------------------------------------------------------------
 

@@ -58,11 +58,12 @@ from typing import Any
 
 import numpy as np
 
-from rag import chunking, evaluate, retrieval, store
+from rag import chunking, metrics, retrieval, store
 from rag.config import Settings
 from rag.embedding import Embedder, load_embedder
 from rag.errors import RagError
 from rag.extract import extract
+from rag.golden import GoldenItem, expand_queries, is_relevant, load_golden
 from rag.ingest import chunk_budget, discover, ingest, load_acl
 from rag.models import Chunk
 from rag.text import build_fts_query, fold
@@ -166,7 +167,7 @@ def chunk_corpus(corpus: Path, embedder: Embedder, settings: Settings) -> list[C
 class BenchQuery:
     text: str
     groups: tuple[str, ...]
-    item: evaluate.GoldenItem | None  # None: not from a golden set
+    item: GoldenItem | None  # None: not from a golden set
     kind: str
     wording: str  # "question" | "paraphrase 1" | ...
 
@@ -178,8 +179,8 @@ def bench_queries(corpus: Corpus, limit: int | None) -> list[BenchQuery]:
                  "who approves overtime", "setting up two factor authentication"]
         queries = [BenchQuery(t, ("all",), None, "unanswerable", "question") for t in texts]
     else:
-        golden = evaluate.load_golden(corpus.golden)
-        expanded = evaluate.expand_queries(golden.items)
+        golden = load_golden(corpus.golden)
+        expanded = expand_queries(golden.items)
         queries = [BenchQuery(q.text, q.groups, q.item, q.kind, q.wording) for q in expanded]
     return queries[:limit] if limit else queries
 
@@ -241,8 +242,8 @@ def ingest_corpus(db: Path, corpus: Corpus, embedder: Embedder, settings: Settin
     }
 
 
-def first_relevant(hits: Sequence[Any], item: evaluate.GoldenItem) -> int | None:
-    return evaluate.first_relevant_rank([evaluate.is_relevant(h.source, h.content, item.evidence) for h in hits])
+def first_relevant(hits: Sequence[Any], item: GoldenItem) -> int | None:
+    return metrics.first_relevant_rank([is_relevant(h.source, h.content, item.evidence) for h in hits])
 
 
 def golden_recall(
@@ -257,7 +258,7 @@ def golden_recall(
         hits = retrieval.search(conn, q.text, embedder=embedder, settings=settings, groups=q.groups, stage=stage,
                                 k=RECALL_K)
         ranks.append(first_relevant(hits, q.item))  # type: ignore[arg-type]
-    return _r(evaluate.recall_at_k(ranks, RECALL_K), 4)
+    return _r(metrics.hit_rate_at_k(ranks, RECALL_K), 4)
 
 
 # ---------------------------------------------------------------------------------------------

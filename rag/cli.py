@@ -9,13 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag.config import Settings, load_settings
 from rag.errors import RagError
+
+if TYPE_CHECKING:  # the eval types, for hints only: `rag ingest` must not pay for importing scipy
+    from rag.evaluate import Comparison, EvalReport, GateSweep, StrategyTable
+    from rag.history import Flip, StoredRun
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -239,14 +243,15 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_eval_run(args: argparse.Namespace, settings: Settings) -> int:
-    from rag import evaluate, store
+    from rag import evaluate, history, store
     from rag.embedding import load_embedder
+    from rag.golden import load_golden
 
     if not args.golden:
         raise RagError("rag eval needs --golden G.json (a golden set in the ../shared/eval/README.md format)")
     if not Path(settings.db_path).is_file():
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
-    golden = evaluate.load_golden(args.golden)
+    golden = load_golden(args.golden)
     conn = _open(settings)
     coll = store.require_collection(conn, settings.collection)
     embedder = load_embedder(coll.embedder.removeprefix("path:"), settings.threads)  # the collection's own model
@@ -255,23 +260,24 @@ def cmd_eval_run(args: argparse.Namespace, settings: Settings) -> int:
         stages=args.stages.split(",") if args.stages else None, ks=args.k, groups_as_golden=args.groups_as_golden,
         sweep=args.sweep, commit=evaluate.current_commit(),
     )
-    flipped: list[dict[str, Any]] = []
+    flipped: list[Flip] = []
     if args.save:
-        report["config"]["run_id"] = run_id = evaluate.save_run(conn, report)
-        flipped = evaluate.run_flips(conn, run_id, k=8)
+        run_id = history.save_run(conn, report)
+        report = report.with_run_id(run_id)
+        flipped = history.run_flips(conn, run_id, k=8)
+    recommended = report.gate.recommended.threshold
     if args.calibrate:
-        store.set_collection_threshold(conn, coll.name, report["gate"]["recommended"]["threshold"])
+        store.set_collection_threshold(conn, coll.name, recommended)
     if args.json:
-        _write_json(report, args.json)
+        _write_json(report.to_json(), args.json)
     if args.json != "-":
-        print(evaluate.format_report(report, per_query=not args.brief))
+        print(format_report(report, per_query=not args.brief))
         for f in flipped:
-            print(f"flip since previous run: {f['query']} {f['stage']} R@8 {f['change']} "
-                  f"(rank {f['before']} -> {f['after']})")
+            print(f"flip since previous run: {f.query} {f.stage} R@8 {f.change} (rank {f.before} -> {f.after})")
         if args.calibrate:
-            print(f"collection {coll.name!r}: gate threshold set to {report['gate']['recommended']['threshold']}")
-    if report["leaks"]["total"]:
-        print(f"error: {report['leaks']['total']} leak(s): forbidden evidence was retrieved", file=sys.stderr)
+            print(f"collection {coll.name!r}: gate threshold set to {recommended}")
+    if report.leaks.total:
+        print(f"error: {report.leaks.total} leak(s): forbidden evidence was retrieved", file=sys.stderr)
         return 1
     return 0
 
@@ -282,9 +288,10 @@ def cmd_eval_compare(args: argparse.Namespace, settings: Settings) -> int:
     runs = []
     for path in args.runs:
         try:
-            runs.append(json.loads(Path(path).read_text(encoding="utf-8")))
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
             raise RagError(f"cannot read the eval JSON {path}: {e}") from e
+        runs.append(evaluate.read_report(raw, path))
     if len(runs) == 1:
         stages = (args.stages or "").split(",")
         if len(stages) != 2:
@@ -293,26 +300,27 @@ def cmd_eval_compare(args: argparse.Namespace, settings: Settings) -> int:
         names = (stage_a, stage_b)
     elif len(runs) == 2:
         a, b = runs
-        stage_a = stage_b = args.stage or a["gate"]["stage"]
+        stage_a = stage_b = args.stage or a.gate.stage
         names = (Path(args.runs[0]).stem, Path(args.runs[1]).stem)
     else:
         raise RagError("rag eval compare takes one run (with --stages S1,S2) or two runs")
     result = evaluate.compare_reports(a, b, stage_a=stage_a, stage_b=stage_b, ks=[args.k] if args.k else None)
     if args.json:
-        print_json(result)
+        print_json(result.to_json())
     else:
-        print(evaluate.format_comparison(result, *names))
+        print(format_comparison(result, *names))
     return 0
 
 
 def cmd_eval_strategies(args: argparse.Namespace, settings: Settings) -> int:
     from rag import evaluate
     from rag.embedding import load_embedder
+    from rag.golden import load_golden
     from rag.ingest import load_acl
 
     if not args.corpus or not args.golden:
         raise RagError("rag eval strategies needs --corpus DIR and --golden G.json")
-    golden = evaluate.load_golden(args.golden)
+    golden = load_golden(args.golden)
     embedder = load_embedder(settings.embedder, settings.threads)
     result = evaluate.run_strategies(
         args.corpus, golden, settings=settings, embedder=embedder, acl=load_acl(args.acl),
@@ -320,30 +328,177 @@ def cmd_eval_strategies(args: argparse.Namespace, settings: Settings) -> int:
         on_strategy=lambda s: print(f"strategy {s}: ingesting and evaluating", file=sys.stderr),
     )
     if args.json:
-        _write_json(result, args.json)
+        _write_json(result.to_json(), args.json)
     if args.json != "-":
-        print(evaluate.format_strategies(result))
+        print(format_strategies(result))
     return 0
 
 
 def cmd_eval_history(args: argparse.Namespace, settings: Settings) -> int:
-    from rag import evaluate
+    from rag import history
 
     if not Path(settings.db_path).is_file():
         raise RagError(f"no database at {settings.db_path}")
     conn = _open(settings)
-    runs = evaluate.list_runs(conn, golden_name=args.golden_name, limit=args.limit)
+    runs = history.list_runs(conn, golden_name=args.golden_name, limit=args.limit)
     if args.json:
-        print_json(runs)
+        print_json([r.to_json() for r in runs])
         return 0
     if not runs:
         print("no evaluation runs stored: run `rag eval --db FILE --golden G.json` first")
         return 0
-    print(evaluate.format_history(runs, k=args.k))
-    for f in evaluate.run_flips(conn, int(runs[0]["id"]), k=args.k):
-        print(f"run {runs[0]['id']} vs previous: {f['query']} {f['stage']} R@{args.k} {f['change']} "
-              f"(rank {f['before']} -> {f['after']})")
+    print(format_history(runs, k=args.k))
+    for f in history.run_flips(conn, runs[0].id, k=args.k):
+        print(f"run {runs[0].id} vs previous: {f.query} {f.stage} R@{args.k} {f.change} "
+              f"(rank {f.before} -> {f.after})")
     return 0
+
+
+# The eval reports as text. "R@k" in these tables is the hit rate at k (rag.metrics.hit_rate_at_k),
+# the label of seed 000's tables; the README quotes them, so the labels stay.
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Iterable[int] = ()) -> list[str]:
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    aligned = set(right)
+    lines = []
+    for row in cells:
+        parts = [c.rjust(w) if i in aligned else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(parts).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _rank(value: int | None, k: int) -> str:
+    return "-" if value is None else (str(value) if value <= k else f"({value})")
+
+
+def _stage_lines(report: EvalReport) -> list[str]:
+    """The per-stage table (hit rate@k with Wilson intervals, MRR, leaks) and the destroyed/leak lines."""
+    ks, stages = report.config.ks, report.config.stages
+    header = ["stage", *[f"R@{k} [95% CI]" for k in ks], f"MRR@{max(ks)}", "leaks"]
+    rows = []
+    for stage in stages:
+        block = report.stages[stage]
+        cells = [f"{block.hit_rate[k].value:.3f} [{block.hit_rate[k].ci[0]:.3f}, {block.hit_rate[k].ci[1]:.3f}]"
+                 for k in ks]
+        rows.append([stage, *cells, f"{block.mrr[max(ks)]:.3f}", block.leaks])
+    lines = _table(header, rows)
+    first, destroyed, leaks = report.stages[stages[0]], report.destroyed, report.leaks
+    lines += [
+        "",
+        f"answerable queries: {first.n}; destroyed by chunking: {destroyed.queries} "
+        f"(items {', '.join(destroyed.items) or 'none'}), recall ceiling {first.ceiling:.3f}",
+        f"leaks: {leaks.total}" + ("  <-- MUST BE 0" if leaks.total else ""),
+    ]
+    for leak in leaks.found[:20]:
+        lines.append(f"  LEAK {leak.query} {leak.stage} rank {leak.rank}: {leak.source} ({leak.reason})")
+    return lines
+
+
+def _gate_lines(gate: GateSweep) -> list[str]:
+    """The gate sweep table and the recommended-against-current line."""
+    lines = [
+        f"gate sweep on {gate.stage} hits (max_sources {gate.max_sources}; {gate.must_refuse} must-refuse "
+        f"queries, {gate.answerable} answerable)",
+    ]
+    rows = []
+    for p in gate.curve:
+        mark = []
+        if p.threshold == gate.recommended.threshold:
+            mark.append("recommended")
+        if p.threshold == gate.current.threshold:
+            mark.append("current")
+        rows.append([f"{p.threshold:.3f}", p.origin, p.bluffs, p.bluffs_unanswerable, p.bluffs_forbidden, p.lost,
+                     p.errors, ", ".join(mark)])
+    lines += _table(["threshold", "from", "bluffs", "unans.", "forb.", "lost", "errors", ""], rows,
+                    right=(2, 3, 4, 5, 6))
+    rec, cur = gate.recommended, gate.current
+    lines.append(
+        f"recommended threshold {rec.threshold:.3f}: {rec.bluffs} bluffs + {rec.lost} lost = "
+        f"{rec.errors}; current {cur.threshold:.3f}: {cur.bluffs} + {cur.lost} = {cur.errors}"
+    )
+    return lines
+
+
+def _per_query_lines(report: EvalReport) -> list[str]:
+    """One line per query: first relevant rank per stage (or LEAK), closest distance, gate outcome."""
+    config, gate = report.config, report.gate
+    kmax, stages = max(config.ks), config.stages
+    lines = [f"per query: rank of the first relevant hit (- none in top {config.depth}; (r) beyond "
+             f"k={kmax}); closest distance and gate outcome at {gate.current.threshold:.3f} on {gate.stage}"]
+    rows = []
+    for q in report.per_query:
+        short = {"answerable": "ans", "unanswerable": "unans", "forbidden": "forb"}[q.kind]
+        if q.kind == "answerable":
+            ranks = [_rank(q.ranks[s], kmax) for s in stages]
+        else:
+            ranks = ["LEAK" if s in q.leaks else "." for s in stages]
+        distance = q.min_distance.get(gate.stage)
+        rows.append([q.id, short, "X" if q.destroyed else "", *ranks, "" if distance is None else f"{distance:.3f}",
+                     q.gate or "", q.query[:70]])
+    return lines + _table(["query", "kind", "destroyed", *stages, "dmin", "gate", "text"], rows)
+
+
+def format_report(report: EvalReport, per_query: bool = True) -> str:
+    """The report as plain-text tables: stages with intervals, leaks, destroyed, gate sweep, queries."""
+    config, counts = report.config, report.queries
+    lines = [
+        f"golden {config.golden.name} ({counts.items} items, {counts.total} queries: "
+        f"{counts.answerable} answerable, {counts.unanswerable} unanswerable, {counts.forbidden} forbidden)",
+        f"collection {config.collection}: {config.embedder}, strategy {config.strategy}"
+        + (f", commit {config.git_commit[:10]}" if config.git_commit else ""),
+        "",
+        *_stage_lines(report),
+        "",
+        *_gate_lines(report.gate),
+    ]
+    if per_query:
+        lines += ["", *_per_query_lines(report)]
+    return "\n".join(lines)
+
+
+def format_comparison(result: Comparison, name_a: str = "A", name_b: str = "B") -> str:
+    label_a = name_a if name_a == result.a else f"{name_a} [{result.a}]"
+    label_b = name_b if name_b == result.b else f"{name_b} [{result.b}]"
+    lines = [
+        f"{label_b} vs {label_a} on {result.queries} paired answerable queries"
+        + (f" ({result.only_a} only in {name_a}, {result.only_b} only in {name_b})"
+           if result.only_a or result.only_b else ""),
+    ]
+    rows = [[f"R@{r.k}", f"{r.hit_rate_a:.3f}", f"{r.hit_rate_b:.3f}", f"+{r.wins}/-{r.losses}", f"{r.p:.4g}"]
+            for r in result.rows]
+    lines += _table(["k", name_a, name_b, "wins/losses", "sign test p"], rows)
+    return "\n".join(lines)
+
+
+def format_strategies(result: StrategyTable) -> str:
+    ks = result.ks
+    header = ["strategy", *[f"R@{k}" for k in ks], f"MRR@{max(ks)}", "destroyed", "chunks", "embedded tokens",
+              "truncated", "leaks"]
+    rows = [
+        [r.strategy, *[f"{r.hit_rate[k].value:.3f}" for k in ks], f"{r.mrr:.3f}", r.destroyed, r.chunks,
+         r.embedded_tokens, r.truncated, r.leaks]
+        for r in result.rows
+    ]
+    lines = [f"chunking strategies on {result.golden}, stage {result.stage}"]
+    lines += _table(header, rows, right=range(1, len(header)))
+    for t in result.sign_tests:
+        lines.append(f"{t.a} vs {t.b} at R@{t.k}: +{t.wins}/-{t.losses}, sign test p = {t.p:.4g}")
+    return "\n".join(lines)
+
+
+def format_history(runs: Sequence[StoredRun], k: int = 8) -> str:
+    rows = []
+    for r in runs:
+        stage = r.gate_stage if r.gate_stage in r.metrics else r.stages[-1]
+        metric = r.metrics[stage].hit_rate.get(k)
+        rate = f"{metric.value:.3f}" if metric else "n/a"
+        rows.append([r.id, r.created_at, r.golden_name, r.collection, r.embedder.split("/")[-1], r.strategy,
+                     f"{stage} R@{k} {rate}", r.leaks, r.threshold, r.recommended_threshold, (r.git_commit or "")[:10]])
+    return "\n".join(_table(["run", "when", "golden", "collection", "embedder", "strategy", "recall", "leaks",
+                             "threshold", "recommended", "commit"], rows))
 
 
 def _eval_run_options(p: argparse.ArgumentParser) -> None:

@@ -21,14 +21,31 @@ REASON_DISTANCE = "distance"  # prefix of the reason given to a hit that is too 
 REASON_CAPACITY = "capacity"  # prefix of the reason given to a close hit beyond max_sources
 
 
+def kept_indices(distances: Sequence[float], max_distance: float, max_sources: int) -> list[int]:
+    """The gate rule over plain numbers: indices of the hits the gate keeps.
+
+    Kept are the first ``max_sources`` hits, in rank order, whose cosine distance is strictly below
+    ``max_distance`` (a NaN distance is never below, so it is turned away). ``apply_gate`` (the
+    answer path) and the evaluation's gate sweep (``rag.metrics.gate_outcome``) both call this,
+    so what is measured is what answers.
+
+    Raises:
+        ValueError: when ``max_sources`` is below 1.
+    """
+    if max_sources < 1:
+        raise ValueError(f"max_sources must be at least 1 (got {max_sources})")
+    return [i for i, d in enumerate(distances) if d < max_distance][:max_sources]
+
+
 def apply_gate(hits: Sequence[Hit], max_distance: float, max_sources: int) -> tuple[list[Hit], list[Hit]]:
     """Split ranked hits into those the model may read and those turned away.
 
     A hit is kept when ``hit.distance < max_distance`` and fewer than ``max_sources`` hits were
-    kept before it; the incoming (fused or reranked) order is preserved. Every dropped hit carries
-    ``gated_out_reason``: ``"distance 0.712 >= 0.675"`` or ``"capacity: beyond the 4 best sources"``.
+    kept before it (``kept_indices``); the incoming (fused or reranked) order is preserved. Every
+    dropped hit carries ``gated_out_reason``: ``"distance 0.712 >= 0.675"`` or
+    ``"capacity: beyond the 4 best sources"``.
 
-    Pure: no I/O, the input hits are not changed (dropped ones are copies).
+    Pure: no I/O; every returned hit is a copy with its ``gated_out_reason`` set (None when kept).
 
     Args:
         hits: hits in ranking order, each with its cosine distance to the question.
@@ -41,19 +58,18 @@ def apply_gate(hits: Sequence[Hit], max_distance: float, max_sources: int) -> tu
     Raises:
         ValueError: when ``max_sources`` is below 1.
     """
-    if max_sources < 1:
-        raise ValueError(f"max_sources must be at least 1 (got {max_sources})")
+    keep = set(kept_indices([h.distance for h in hits], max_distance, max_sources))
     kept: list[Hit] = []
     dropped: list[Hit] = []
-    for hit in hits:
-        if not hit.distance < max_distance:  # `not <` also turns away a NaN distance
+    for index, hit in enumerate(hits):
+        if index in keep:
+            kept.append(dataclasses.replace(hit, gated_out_reason=None))
+        elif not hit.distance < max_distance:  # `not <` also turns away a NaN distance
             reason = f"{REASON_DISTANCE} {hit.distance:.3f} >= {max_distance:.3f}"
             dropped.append(dataclasses.replace(hit, gated_out_reason=reason))
-        elif len(kept) >= max_sources:
+        else:
             reason = f"{REASON_CAPACITY}: beyond the {max_sources} best sources"
             dropped.append(dataclasses.replace(hit, gated_out_reason=reason))
-        else:
-            kept.append(dataclasses.replace(hit, gated_out_reason=None))
     return kept, dropped
 
 

@@ -30,8 +30,10 @@ from rag.audit import CutAudit, audit_cuts, describe_cut
 from rag.config import Settings, data_dir, load_settings
 from rag.embedding import Embedder, load_embedder
 from rag.errors import ExtractionError, NotFoundError, RagError
-from rag.evaluate import Golden, parse_golden
+from rag.evaluate import EvalReport, StageResult, StrategyTable
 from rag.extract import extractor_for
+from rag.golden import Golden, parse_golden_bytes
+from rag.history import Flip, StoredRun
 from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health, spec_for_model_id
 from rag.models import Answer, Citation, DocumentInfo, Extracted, Hit
 from rag.verify import MARKER as CITATION_MARKER
@@ -477,14 +479,13 @@ def audit_table(text: str, audit: CutAudit) -> list[dict[str, Any]]:
 # Evaluation charts and tables (rag.evaluate reports)
 
 
-def recall_frame(stages: Mapping[str, Any], ks: Sequence[int]) -> pd.DataFrame:
-    """One row per stage and k: recall@k with its Wilson 95 % interval."""
+def recall_frame(stages: Mapping[str, StageResult], ks: Sequence[int]) -> pd.DataFrame:
+    """One row per stage and k: hit rate@k ("recall" in the charts, R@k) with its Wilson 95 % interval."""
     rows = []
     for stage, block in stages.items():
         for k in ks:
-            cell = block[f"recall@{k}"]
-            rows.append({"stage": stage, "k": int(k), "recall": cell["value"], "low": cell["ci"][0],
-                         "high": cell["ci"][1]})
+            cell = block.hit_rate[k]
+            rows.append({"stage": stage, "k": int(k), "recall": cell.value, "low": cell.ci[0], "high": cell.ci[1]})
     return pd.DataFrame(rows, columns=["stage", "k", "recall", "low", "high"])
 
 
@@ -502,27 +503,27 @@ def _interval_chart(data: pd.DataFrame, x: str, x_title: str, color: str, color_
     return alt.layer(bars, points).properties(height=300)
 
 
-def recall_chart(report: Mapping[str, Any]) -> Chart:
-    """recall@k per stage, points with Wilson 95 % error bars."""
-    data = recall_frame(report["stages"], report["config"]["ks"])
+def recall_chart(report: EvalReport) -> Chart:
+    """Hit rate@k (the report's recall@k) per stage, points with Wilson 95 % error bars."""
+    data = recall_frame(report.stages, report.config.ks)
     return _interval_chart(data, "k", "k (hits looked at)", "stage", "stage")
 
 
 GATE_SERIES = ("bluffs (must-refuse queries let through)", "lost answers (answerable queries refused)")
 
 
-def gate_frame(report: Mapping[str, Any]) -> pd.DataFrame:
+def gate_frame(report: EvalReport) -> pd.DataFrame:
     """The gate sweep in long form: threshold, what (bluffs | lost answers), count."""
     rows = []
-    for point in report["gate"]["curve"]:
-        rows.append({"threshold": point["threshold"], "what": GATE_SERIES[0], "count": point["bluffs"]})
-        rows.append({"threshold": point["threshold"], "what": GATE_SERIES[1], "count": point["lost"]})
+    for point in report.gate.curve:
+        rows.append({"threshold": point.threshold, "what": GATE_SERIES[0], "count": point.bluffs})
+        rows.append({"threshold": point.threshold, "what": GATE_SERIES[1], "count": point.lost})
     return pd.DataFrame(rows, columns=["threshold", "what", "count"])
 
 
-def gate_chart(report: Mapping[str, Any]) -> Chart:
+def gate_chart(report: EvalReport) -> Chart:
     """Bluffs and lost answers against the threshold, with the current and recommended thresholds marked."""
-    gate = report["gate"]
+    current, recommended = report.gate.current.threshold, report.gate.recommended.threshold
     lines = alt.Chart(gate_frame(report)).mark_line(point=True).encode(
         x=alt.X("threshold:Q", title="gate threshold (cosine distance)", scale=alt.Scale(zero=False)),
         y=alt.Y("count:Q", title="queries"),
@@ -531,9 +532,8 @@ def gate_chart(report: Mapping[str, Any]) -> Chart:
         tooltip=["threshold:Q", "what:N", "count:Q"],
     )
     marks = pd.DataFrame([
-        {"threshold": gate["current"]["threshold"], "label": f"current {gate['current']['threshold']:.3f}", "dy": -6},
-        {"threshold": gate["recommended"]["threshold"], "label": f"recommended {gate['recommended']['threshold']:.3f}",
-         "dy": 8},
+        {"threshold": current, "label": f"current {current:.3f}", "dy": -6},
+        {"threshold": recommended, "label": f"recommended {recommended:.3f}", "dy": 8},
     ])
     rules = alt.Chart(marks).mark_rule(strokeDash=[6, 4], color="#495057").encode(x="threshold:Q", tooltip=["label:N"])
     # Two label rows (one layer each: a text mark's offset is not an encoding), so close thresholds stay legible.
@@ -545,48 +545,47 @@ def gate_chart(report: Mapping[str, Any]) -> Chart:
     return alt.layer(lines, rules, labels).properties(height=300)
 
 
-def strategy_frame(result: Mapping[str, Any]) -> pd.DataFrame:
+def strategy_frame(result: StrategyTable) -> pd.DataFrame:
     rows = []
-    for row in result["rows"]:
-        for k in result["ks"]:
-            cell = row[f"recall@{k}"]
-            rows.append({"strategy": row["strategy"], "k": f"R@{k}", "recall": cell["value"], "low": cell["ci"][0],
-                         "high": cell["ci"][1]})
+    for row in result.rows:
+        for k in result.ks:
+            cell = row.hit_rate[k]
+            rows.append({"strategy": row.strategy, "k": f"R@{k}", "recall": cell.value, "low": cell.ci[0],
+                         "high": cell.ci[1]})
     return pd.DataFrame(rows, columns=["strategy", "k", "recall", "low", "high"])
 
 
-def strategy_chart(result: Mapping[str, Any]) -> Chart:
-    """recall@k per chunking strategy with Wilson 95 % error bars."""
+def strategy_chart(result: StrategyTable) -> Chart:
+    """Hit rate@k (R@k) per chunking strategy with Wilson 95 % error bars."""
     return _interval_chart(strategy_frame(result), "strategy", "chunking strategy", "k", "cut-off")
 
 
-def strategy_table(result: Mapping[str, Any]) -> pd.DataFrame:
+def strategy_table(result: StrategyTable) -> pd.DataFrame:
     rows = []
-    for row in result["rows"]:
+    for row in result.rows:
         rows.append({
-            "strategy": row["strategy"],
-            **{f"R@{k}": row[f"recall@{k}"]["value"] for k in result["ks"]},
-            "MRR": row["mrr"], "destroyed": row["destroyed"], "chunks": row["chunks"],
-            "embedded tokens": row["embedded_tokens"], "truncated": row["truncated"], "leaks": row["leaks"],
+            "strategy": row.strategy,
+            **{f"R@{k}": row.hit_rate[k].value for k in result.ks},
+            "MRR": row.mrr, "destroyed": row.destroyed, "chunks": row.chunks,
+            "embedded tokens": row.embedded_tokens, "truncated": row.truncated, "leaks": row.leaks,
         })
     return pd.DataFrame(rows)
 
 
-def per_query_frame(report: Mapping[str, Any], flipped: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def per_query_frame(report: EvalReport, flipped: Sequence[Flip]) -> pd.DataFrame:
     """One row per query: kind, text, first relevant rank per stage, gate outcome, flips since the last run."""
-    stages = list(report["stages"])
     changes: dict[str, list[str]] = {}
     for f in flipped:
-        changes.setdefault(f["query"], []).append(
-            f"{f['stage']} {f['change']} ({_rank_text(f['before'])} → {_rank_text(f['after'])})"
+        changes.setdefault(f.query, []).append(
+            f"{f.stage} {f.change} ({_rank_text(f.before)} → {_rank_text(f.after)})"
         )
     rows = []
-    for q in report["per_query"]:
+    for q in report.per_query:
         rows.append({
-            "id": q["id"], "kind": q["kind"], "query": q["query"], "groups": ", ".join(q["groups"]),
-            **{f"rank {s}": q["ranks"].get(s) for s in stages},
-            "gate": q["gate"] or "", "destroyed": q["destroyed"], "leaks": ", ".join(q["leaks"]),
-            "flip since previous run": "; ".join(changes.get(q["id"], [])),
+            "id": q.id, "kind": q.kind, "query": q.query, "groups": ", ".join(q.groups),
+            **{f"rank {s}": q.ranks.get(s) for s in report.stages},
+            "gate": q.gate or "", "destroyed": q.destroyed, "leaks": ", ".join(q.leaks),
+            "flip since previous run": "; ".join(changes.get(q.id, [])),
         })
     return pd.DataFrame(rows)
 
@@ -595,17 +594,16 @@ def _rank_text(rank: int | None) -> str:
     return "–" if rank is None else str(rank)
 
 
-def history_frame(runs: Sequence[Mapping[str, Any]], k: int = 8) -> pd.DataFrame:
-    """Recent runs, newest first: configuration and recall@k per stage."""
+def history_frame(runs: Sequence[StoredRun], k: int = 8) -> pd.DataFrame:
+    """Recent runs, newest first: configuration and hit rate@k (R@k) per stage."""
     rows = []
     for run in runs:
-        metrics = run["metrics"]
         rows.append({
-            "run": run["id"], "when": run["created_at"], "golden": run["golden_name"], "model": run["embedder"],
-            "strategy": run["strategy"],
-            **{f"R@{k} {s}": (metrics[s].get(f"recall@{k}") or {}).get("value") for s in run["stages"]},
-            "leaks": run["leaks"], "destroyed": run["destroyed"], "threshold": run["threshold"],
-            "recommended": run["recommended_threshold"], "commit": (run["git_commit"] or "")[:10],
+            "run": run.id, "when": run.created_at, "golden": run.golden_name, "model": run.embedder,
+            "strategy": run.strategy,
+            **{f"R@{k} {s}": (cell.value if (cell := run.metrics[s].hit_rate.get(k)) else None) for s in run.stages},
+            "leaks": run.leaks, "destroyed": run.destroyed, "threshold": run.threshold,
+            "recommended": run.recommended_threshold, "commit": (run.git_commit or "")[:10],
         })
     return pd.DataFrame(rows)
 
@@ -617,29 +615,22 @@ BUNDLED_ACL = REPO_DOCS / "acl_guide.json"
 
 
 def golden_from_upload(upload: Any) -> Golden:
-    """A golden set from an uploaded JSON file (same checks as ``evaluate.load_golden``)."""
-    import hashlib
-    import json
-
-    data = upload.getvalue()
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RagError(f"cannot read the golden set {upload.name}: {e}") from e
-    return parse_golden(raw, Path(str(upload.name)).stem, hashlib.sha256(data).hexdigest())
+    """A golden set from an uploaded JSON file (same checks as ``rag.golden.load_golden``)."""
+    return parse_golden_bytes(upload.getvalue(), Path(str(upload.name)).stem, str(upload.name))
 
 
-def strategies_from_upload(upload: Any) -> dict[str, Any]:
+def strategies_from_upload(upload: Any) -> StrategyTable:
     """A strategy table saved by ``rag eval strategies --json OUT``."""
     import json
 
     try:
-        result = json.loads(upload.getvalue().decode("utf-8"))
+        raw = json.loads(upload.getvalue().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RagError(f"cannot read the strategy table {upload.name}: {e}") from e
-    if not isinstance(result, dict) or not {"rows", "ks", "stage"} <= result.keys():
-        raise RagError(f"{upload.name} is not the JSON of `rag eval strategies --json OUT`")
-    return result
+    try:
+        return StrategyTable.from_json(raw)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RagError(f"{upload.name} is not the JSON of `rag eval strategies --json OUT`") from e
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Ingests docs/guide with the real all-MiniLM-L6-v2 into a temporary database, runs every stage
 the baseline has, and fails when anything leaks or when more than ``TOLERANCE`` queries that
-passed at R@8 in ``tests/baseline_eval.json`` fail now (per stage), printing the flipped queries.
+passed at R@8 (hit rate at 8) in ``tests/baseline_eval.json`` fail now (per stage), printing the flipped queries.
 
 Regenerate the baseline after an intended change (and commit it with that change):
 
@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 
 from rag import evaluate, store
+from rag.cli import format_report
 from rag.config import load_settings
+from rag.evaluate import EvalReport
+from rag.golden import load_golden
 from rag.ingest import ingest, load_acl
 
 from .conftest import GUIDE, ROOT
@@ -37,24 +40,24 @@ def test_demo_corpus_has_no_leaks_and_no_regressions(tmp_path: Path, real_embedd
     for needed in (GUIDE, GOLDEN, BASELINE):
         if not needed.exists():
             pytest.skip(f"{needed.relative_to(ROOT)} is missing (see this module's docstring to generate it)")
-    baseline = json.loads(BASELINE.read_text(encoding="utf-8"))
+    baseline = EvalReport.from_json(json.loads(BASELINE.read_text(encoding="utf-8")))
     settings = load_settings(db_path=tmp_path / "guide.db")
     conn = store.open_db(settings.db_path)
     try:
         ingest(conn, [GUIDE], settings=settings, embedder=real_embedder, acl=load_acl(ACL if ACL.exists() else None))
         report = evaluate.run_eval(
-            conn, evaluate.load_golden(GOLDEN), embedder=real_embedder, settings=settings,
-            stages=baseline["config"]["stages"], ks=baseline["config"]["ks"],
+            conn, load_golden(GOLDEN), embedder=real_embedder, settings=settings,
+            stages=baseline.config.stages, ks=baseline.config.ks,
         )
     finally:
         conn.close()
-    print(evaluate.format_report(report, per_query=False))
-    if baseline["config"]["golden"]["sha256"] != report["config"]["golden"]["sha256"]:
+    print(format_report(report, per_query=False))
+    if baseline.config.golden.sha256 != report.config.golden.sha256:
         print("note: the golden set changed since the baseline; queries are matched by id")
 
-    leaks = report["leaks"]["list"]
+    leaks = report.leaks.found
     assert not leaks, "forbidden evidence was retrieved:\n" + "\n".join(
-        f"  {x['query']} {x['stage']} rank {x['rank']}: {x['source']} ({x['reason']})" for x in leaks
+        f"  {x.query} {x.stage} rank {x.rank}: {x.source} ({x.reason})" for x in leaks
     )
     lost = evaluate.regressions(baseline, report, k=K)
     for stage, queries in lost.items():

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -7,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rag.config import Settings
-from rag.gate import apply_gate, best_distance, gate_threshold, no_answer_message
+from rag.gate import apply_gate, best_distance, gate_threshold, kept_indices, no_answer_message
 from rag.models import Collection, Hit
 
 
@@ -40,10 +41,28 @@ def test_nan_distance_is_dropped() -> None:
     assert kept == [] and len(dropped) == 1
 
 
-def test_input_hits_are_not_changed() -> None:
-    hits = [hit(1, 0.9), hit(2, 0.1)]
-    apply_gate(hits, 0.5, 1)
-    assert all(h.gated_out_reason is None for h in hits)
+def test_gated_hits_keep_every_signal_and_get_a_fresh_reason() -> None:
+    # Hits arriving with signals set and a stale reason (say, gated once at another threshold)
+    # come back equal to their input but for gated_out_reason: cleared when kept, rewritten when dropped.
+    signals = {"dense_rank": 2, "sparse_rank": 5, "fts_score": -3.5, "rrf_score": 0.031, "rerank_score": 0.8,
+               "rerank_fallback": "timeout"}
+    near = dataclasses.replace(hit(1, 0.2), gated_out_reason="distance 0.200 >= 0.100", **signals)
+    far = dataclasses.replace(hit(2, 0.9), gated_out_reason="capacity: beyond the 1 best sources", **signals)
+    extra = dataclasses.replace(hit(3, 0.3), **signals)
+    kept, dropped = apply_gate([near, far, extra], 0.5, 1)
+    assert kept == [dataclasses.replace(near, gated_out_reason=None)]
+    assert dropped == [dataclasses.replace(far, gated_out_reason="distance 0.900 >= 0.500"),
+                       dataclasses.replace(extra, gated_out_reason="capacity: beyond the 1 best sources")]
+
+
+def test_kept_indices_first_max_sources_under_threshold() -> None:
+    distances = [0.3, 0.7, 0.5, 0.2, 0.6, 0.1]
+    assert kept_indices(distances, 0.65, 4) == [0, 2, 3, 4]
+    assert kept_indices(distances, 0.5, 4) == [0, 3, 5]  # strictly below: 0.5 itself is dropped
+    assert kept_indices(distances, 0.05, 4) == []
+    assert kept_indices([math.nan, 0.1], 0.5, 4) == [1]
+    with pytest.raises(ValueError, match="max_sources"):
+        kept_indices(distances, 0.5, 0)
 
 
 def test_max_sources_below_one_is_refused() -> None:

@@ -341,16 +341,26 @@ def test_evaluation_page_reports_a_bad_golden_path(guide_db: Path, tmp_path: Pat
 
 def test_evaluation_charts_carry_intervals_and_thresholds() -> None:
     from rag import ui
+    from rag.evaluate import (
+        Destroyed,
+        EvalReport,
+        GateSweep,
+        GoldenRef,
+        HitRate,
+        Leaks,
+        QueryCounts,
+        RunConfig,
+        StageResult,
+    )
+    from rag.metrics import GatePoint
 
-    report: dict[str, Any] = {
-        "config": {"ks": [1, 4]},
-        "stages": {"dense": {"recall@1": {"value": 0.5, "ci": [0.2, 0.8]}, "recall@4": {"value": 1.0, "ci": [0.6, 1]}}},
-        "gate": {
-            "curve": [{"threshold": 0.5, "bluffs": 0, "lost": 3}, {"threshold": 0.7, "bluffs": 2, "lost": 0}],
-            "current": {"threshold": 0.675}, "recommended": {"threshold": 0.5},
-        },
-    }
-    frame = ui.recall_frame(report["stages"], [1, 4])
+    stages = {"dense": StageResult(2, {1: HitRate(0.5, (0.2, 0.8), 1), 4: HitRate(1.0, (0.6, 1.0), 2)},
+                                   {1: 0.5, 4: 0.75}, 1.0, 0)}
+    curve = (GatePoint(0.5, 0, 0, 3), GatePoint(0.7, 1, 1, 0))
+    sweep = GateSweep("dense", 4, "grid", 2, 2, GatePoint(0.675, 1, 1, 1, "current"), curve[0], curve)
+    config = RunConfig("t", "c", "e", "E", ("dense",), (1, 4), 4, True, GoldenRef("g", "", 4), None, {})
+    report = EvalReport(config, QueryCounts(4, 4, 2, 1, 1), stages, Destroyed((), 0, ()), Leaks(0, {}, ()), sweep, ())
+    frame = ui.recall_frame(report.stages, [1, 4])
     assert frame.to_dict("records")[0] == {"stage": "dense", "k": 1, "recall": 0.5, "low": 0.2, "high": 0.8}
     spec = ui.gate_chart(report).to_dict()
 

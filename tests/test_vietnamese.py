@@ -20,8 +20,8 @@ from rag import store
 from rag.ask import ask
 from rag.config import Settings, load_settings
 from rag.embedding import E5_ID, MINILM_ID
-from rag.evaluate import Evidence, is_relevant, load_golden
 from rag.gate import CALIBRATED_MAX_DISTANCE, calibrated_threshold, gate_threshold
+from rag.golden import Evidence, is_relevant, load_golden
 from rag.ingest import choose_embedder, ingest, reindex
 from rag.retrieval import search
 from rag.text import (
