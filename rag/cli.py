@@ -200,9 +200,7 @@ def cmd_source(args: argparse.Namespace, settings: Settings) -> int:
     """A document's text, or one passage of it, if the reader may open it (the Source page's check)."""
     from rag import access
 
-    if not Path(settings.db_path).is_file():
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
-    conn = _open(settings)
+    conn = _open(settings)  # never created by a read
     groups = _groups(args.groups)
     if args.document.isdigit():  # an id, as in citation links; anything else is a source path
         row = access.readable_document(conn, access.parse_document_id(args.document), groups)

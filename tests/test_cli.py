@@ -106,6 +106,9 @@ def test_source_refuses_what_the_reader_may_not_see_with_the_source_pages_words(
     assert "lies outside this document" in capsys.readouterr().err
     assert cli.main(["source", "ports.md", "--db", str(two_readers_db), "--from", "5"]) == 1
     assert "needs both ends" in capsys.readouterr().err
+    missing = two_readers_db.parent / "none.db"
+    assert cli.main(["source", "1", "--db", str(missing)]) == 1
+    assert "no database at" in capsys.readouterr().err and not missing.exists()  # a read never creates one
 
 
 def test_chunks_honours_groups(two_readers_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
