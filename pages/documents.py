@@ -9,19 +9,17 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from rag import store, ui
+from rag import ui
 from rag.errors import RagError
-from rag.ingest import IngestReport, document_statuses, ingest, reindex, retry_failed_documents
-
-view = ui.current_view()
-settings = view.settings
-
-st.title("Documents")
-st.caption(
-    "Operator view: every document of the collection, whatever the sidebar's *viewing as* groups. "
-    "Supported files: Markdown, text, HTML and PDF."
+from rag.ingest import (
+    IngestReport,
+    delete_documents,
+    document_statuses,
+    ingest,
+    reindex,
+    retry_failed_documents,
+    save_uploads,
 )
-ui.show_flash()
 
 
 def progress_callback(label: str) -> Callable[[int, int, int, str], None]:
@@ -34,129 +32,134 @@ def progress_callback(label: str) -> Callable[[int, int, int, str], None]:
     return update
 
 
-# --- add documents -----------------------------------------------------------------------------
+with ui.frame() as view:
+    settings = view.settings
 
-st.subheader("Add documents")
-target = st.text_input(
-    "Into collection", value=view.collection, help="A new name creates a new collection with the model chosen below."
-).strip() or view.collection
-is_new = target not in view.collections
-if is_new:
-    choice = st.radio(
-        "Embedding model for the new collection",
-        ui.EMBEDDER_CHOICES,
-        horizontal=True,
-        help="minilm: all-MiniLM-L6-v2 (int8 ONNX), English, fast. e5: multilingual-e5-small, for Vietnamese "
-        "and mixed corpora, about 8× slower to ingest. auto: pick from the language of the files. minilm-fp32: "
-        "the same MiniLM in full precision, about 2× slower. The model is stamped on the collection and never "
-        "mixed.",
+    st.title("Documents")
+    st.caption(
+        "Operator view: every document of the collection, whatever the sidebar's *viewing as* groups. "
+        "Supported files: Markdown, text, HTML and PDF."
     )
-else:
-    choice = ""
-    st.caption(f"Collection **{target}** uses {view.health.collections.get(target, 'its stamped model')}.")
+    ui.show_flash()
 
-upload_tab, folder_tab = st.tabs(["Upload files", "Ingest a folder"])
-with upload_tab:
-    uploads = st.file_uploader("Files", accept_multiple_files=True, key="uploads")
-    upload_clicked = st.button("Index uploaded files", disabled=not uploads, type="primary")
-with folder_tab:
-    folder = st.text_input("Folder or file path on this machine", placeholder="/home/me/notes")
-    folder_clicked = st.button("Ingest folder", disabled=not folder.strip(), type="primary")
+    # --- add documents ----------------------------------------------------------------------------
 
-if upload_clicked or folder_clicked:
-    try:
-        paths: list[str | Path]
-        if upload_clicked:
-            saved, refused = ui.save_uploads(uploads or [])
-            paths = list(saved)
-            for message in refused:
-                ui.flash("error", f"Not indexed: {message}")
-        else:
-            paths = [folder.strip()]
-        if paths:
-            model, note = ui.ingest_embedder(settings, target, choice, paths)
-            if note:
-                ui.flash("info", note)
-            with ui.connection(settings) as conn:
+    st.subheader("Add documents")
+    target = st.text_input(
+        "Into collection", value=view.collection,
+        help="A new name creates a new collection with the model chosen below.",
+    ).strip() or view.collection
+    is_new = target not in view.collections
+    if is_new:
+        choice = st.radio(
+            "Embedding model for the new collection",
+            ui.EMBEDDER_CHOICES,
+            horizontal=True,
+            help="minilm: all-MiniLM-L6-v2 (int8 ONNX), English, fast. e5: multilingual-e5-small, for Vietnamese "
+            "and mixed corpora, about 8× slower to ingest. auto: pick from the language of the files. minilm-fp32: "
+            "the same MiniLM in full precision, about 2× slower. The model is stamped on the collection and never "
+            "mixed.",
+        )
+    else:
+        choice = ""
+        st.caption(f"Collection **{target}** uses {view.health.collections.get(target, 'its stamped model')}.")
+
+    upload_tab, folder_tab = st.tabs(["Upload files", "Ingest a folder"])
+    with upload_tab:
+        uploads = st.file_uploader("Files", accept_multiple_files=True, key="uploads")
+        upload_clicked = st.button("Index uploaded files", disabled=not uploads, type="primary")
+    with folder_tab:
+        folder = st.text_input("Folder or file path on this machine", placeholder="/home/me/notes")
+        folder_clicked = st.button("Ingest folder", disabled=not folder.strip(), type="primary")
+
+    if upload_clicked or folder_clicked:
+        try:
+            paths: list[str | Path]
+            if upload_clicked:
+                saved, refused = save_uploads(uploads or [], ui.uploads_folder())
+                paths = list(saved)
+                for message in refused:
+                    ui.flash("error", f"Not indexed: {message}")
+            else:
+                paths = [folder.strip()]
+            if paths:
+                model, note = ui.ingest_embedder(view.conn, settings, target, choice, paths)
+                if note:
+                    ui.flash("info", note)
                 report = ingest(
-                    conn, paths, settings=settings, embedder=model, collection=target,
+                    view.conn, paths, settings=settings, embedder=model, collection=target,
                     retry_failed=True, on_progress=progress_callback("Ingest"),
                 )
-            ui.report_messages(report)
-    except RagError as e:
-        ui.flash("error", str(e))
-    else:
-        ui.select_collection_next_run(target)  # show the collection just filled
-    st.rerun()
+                ui.report_messages(report)
+        except RagError as e:
+            ui.flash("error", str(e))
+        else:
+            ui.select_collection_next_run(target)  # show the collection just filled
+        st.rerun()
 
-# --- status ------------------------------------------------------------------------------------
+    # --- status -----------------------------------------------------------------------------------
 
-st.subheader(f"Status of “{view.collection}”")
-try:
-    with ui.connection(settings) as conn:
-        infos = document_statuses(conn, settings, view.collection)
-except RagError as e:
-    ui.stop_on(e)
-
-if not infos:
-    st.info("No documents in this collection yet: upload files or ingest a folder above.")
-    st.stop()
-
-failed = [d for d in infos if d.status == "failed"]
-stale = [d for d in infos if d.stale]
-table = pd.DataFrame(
-    {
-        "document": [d.source for d in infos],
-        "title": [d.title for d in infos],
-        "status": [d.status for d in infos],
-        "reason": [d.error or "" for d in infos],
-        "chunks": [d.chunk_count for d in infos],
-        "model": [d.embedder or "" for d in infos],
-        "stale": [d.stale for d in infos],
-        "groups": [", ".join(d.groups) for d in infos],
-        "updated": [d.updated_at for d in infos],
-    }
-)
-st.dataframe(
-    table,
-    hide_index=True,
-    column_config={
-        "stale": st.column_config.CheckboxColumn(help="Processed by an older chunker or extractor: re-embed it."),
-        "reason": st.column_config.TextColumn(width="large"),
-    },
-)
-st.caption(f"{len(infos)} documents · {len(infos) - len(failed)} ok · {len(failed)} failed · {len(stale)} stale")
-
-def run_with_collection_model(job: Callable[..., IngestReport], label: str) -> None:
-    """Run ``retry_failed_documents`` or ``reindex`` on this collection with its own model, then rerun."""
+    st.subheader(f"Status of “{view.collection}”")
     try:
-        model = ui.collection_embedder(settings, view.collection)
-        with ui.connection(settings) as conn:
+        infos = document_statuses(view.conn, settings, view.collection)
+    except RagError as e:
+        ui.stop_on(e)
+
+    if not infos:
+        st.info("No documents in this collection yet: upload files or ingest a folder above.")
+        st.stop()
+
+    failed = [d for d in infos if d.status == "failed"]
+    stale = [d for d in infos if d.stale]
+    table = pd.DataFrame(
+        {
+            "document": [d.source for d in infos],
+            "title": [d.title for d in infos],
+            "status": [d.status for d in infos],
+            "reason": [d.error or "" for d in infos],
+            "chunks": [d.chunk_count for d in infos],
+            "model": [d.embedder or "" for d in infos],
+            "stale": [d.stale for d in infos],
+            "groups": [", ".join(d.groups) for d in infos],
+            "updated": [d.updated_at for d in infos],
+        }
+    )
+    st.dataframe(
+        table,
+        hide_index=True,
+        column_config={
+            "stale": st.column_config.CheckboxColumn(help="Processed by an older chunker or extractor: re-embed it."),
+            "reason": st.column_config.TextColumn(width="large"),
+        },
+    )
+    st.caption(f"{len(infos)} documents · {len(infos) - len(failed)} ok · {len(failed)} failed · {len(stale)} stale")
+
+    def run_with_collection_model(job: Callable[..., IngestReport], label: str) -> None:
+        """Run ``retry_failed_documents`` or ``reindex`` on this collection with its own model, then rerun."""
+        try:
+            model = ui.collection_embedder(view.conn, view.collection)
             report = job(
-                conn, settings=settings, embedder=model, collection=view.collection,
+                view.conn, settings=settings, embedder=model, collection=view.collection,
                 on_progress=progress_callback(label),
             )
-        ui.report_messages(report)
-    except RagError as e:
-        ui.flash("error", str(e))
-    st.rerun()
-
-
-retry_col, stale_col = st.columns(2)
-if retry_col.button(f"Retry failed ({len(failed)})", disabled=not failed):
-    run_with_collection_model(retry_failed_documents, "Retry")
-if stale_col.button(f"Re-embed stale ({len(stale)})", disabled=not stale):
-    run_with_collection_model(reindex, "Re-embed")
-
-with st.expander("Delete documents"), st.form("delete", clear_on_submit=True, border=False):
-    by_source = {d.source: d.id for d in infos}
-    doomed = st.multiselect("Documents to delete", list(by_source))
-    if st.form_submit_button("Delete selected") and doomed:
-        try:
-            with ui.connection(settings) as conn:
-                for source in doomed:
-                    store.delete_document(conn, by_source[source])
-            ui.flash("success", f"Deleted {len(doomed)} document(s): {', '.join(doomed)}")
+            ui.report_messages(report)
         except RagError as e:
             ui.flash("error", str(e))
         st.rerun()
+
+    retry_col, stale_col = st.columns(2)
+    if retry_col.button(f"Retry failed ({len(failed)})", disabled=not failed):
+        run_with_collection_model(retry_failed_documents, "Retry")
+    if stale_col.button(f"Re-embed stale ({len(stale)})", disabled=not stale):
+        run_with_collection_model(reindex, "Re-embed")
+
+    with st.expander("Delete documents"), st.form("delete", clear_on_submit=True, border=False):
+        by_source = {d.source: d.id for d in infos}
+        doomed = st.multiselect("Documents to delete", list(by_source))
+        if st.form_submit_button("Delete selected") and doomed:
+            try:
+                delete_documents(view.conn, [by_source[source] for source in doomed])
+                ui.flash("success", f"Deleted {len(doomed)} document(s): {', '.join(doomed)}")
+            except RagError as e:
+                ui.flash("error", str(e))
+            st.rerun()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from rag.chunking import (
     DEFAULT_STRATEGY,
@@ -21,7 +22,12 @@ from rag.chunking import (
     iter_blocks,
     split_sentences,
 )
+from rag.errors import RagError
 from rag.models import Chunk, Extracted
+
+if TYPE_CHECKING:
+    from rag.config import Settings
+    from rag.embedding import Embedder
 
 _NO_SENTENCES = frozenset({"code", "table", "row", "heading"})
 _BUDGETED = frozenset("CDEF")  # strategies whose size is a token budget
@@ -115,3 +121,46 @@ def describe_cut(text: str, offset: int, width: int = 30) -> str:
     after = text[offset : offset + width].replace("\n", "⏎")
     return f"…{before}|{after}…"
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Auditing a stored document (the Chunks page): no file access, the stored canonical text
+
+
+def stored_extracted(row: Any) -> Extracted:
+    """A stored document row back as the ``Extracted`` the chunker reads (no file access).
+
+    Markdown front matter is found again so the body starts where ingest started it. PDF page
+    spans are not stored, so a PDF is audited as one page.
+    """
+    from rag.extract import split_front_matter
+
+    text = row["canonical_text"] or ""
+    metadata: dict[str, Any] = {}
+    body_start = 0
+    if row["extractor"] == "markdown":
+        metadata, body_start = split_front_matter(text)
+    return Extracted(text, row["title"], row["extractor"] or "text", row["extractor_version"] or "", body_start,
+                     (), metadata)
+
+
+def audit_document(row: Any, strategy: str, model: Embedder, settings: Settings) -> CutAudit:
+    """The cut-position audit of a stored document under ``strategy``, in the model's tokens.
+
+    Raises:
+        RagError: for a strategy ``audit_cuts`` refuses (its message, for the page to show).
+    """
+    from rag.ingest import chunk_budget  # rag.ingest is heavier than this module; only this needs it
+
+    try:
+        return audit_cuts(
+            stored_extracted(row), strategy, budget=chunk_budget(settings, model),
+            count_tokens=model.count_tokens, max_tokens=model.max_tokens,
+        )
+    except ValueError as e:
+        raise RagError(str(e)) from e
+
+
+def audit_table(text: str, audit: CutAudit) -> list[dict[str, Any]]:
+    """One row per cut that falls outside every sentence and block boundary, with its context."""
+    return [{"offset": offset, "cut in context": describe_cut(text, offset)} for offset in audit.outside_at]

@@ -69,7 +69,7 @@ def _common(parser: argparse.ArgumentParser, collection: bool = True) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# ingest / status / reindex / delete / chunks
+# ingest / status / reindex / delete / chunks / source
 
 
 def _progress_bar(total_hint: str) -> tuple[Callable[[int, int, int, str], None], Callable[[], None]]:
@@ -176,17 +176,15 @@ def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_chunks(args: argparse.Namespace, settings: Settings) -> int:
-    from rag import store
+    from rag import access
 
     conn = _open(settings)
+    groups = _groups(args.groups) if args.groups is not None else access.OPERATOR
     document_id = None
     if args.document:
-        coll = store.require_collection(conn, settings.collection)
-        row = store.find_document(conn, coll.id, args.document)
-        if row is None:
-            raise RagError(f"no document {args.document!r} in collection {coll.name!r}")
-        document_id = row["id"]
-    rows = store.chunk_rows(conn, document_id, settings.collection if not document_id else None)
+        document_id = int(access.readable_source(conn, settings.collection, args.document, groups)["id"])
+    rows = access.readable_chunks(conn, groups, document_id=document_id,
+                                  collection=settings.collection if not document_id else None)
     out = [
         {"id": r["id"], "source": r["source"], "section": r["section"], "from": r["char_from"], "to": r["char_to"],
          "page": r["page"], "token_count": r["token_count"], "truncated": bool(r["truncated"]),
@@ -199,6 +197,24 @@ def cmd_chunks(args: argparse.Namespace, settings: Settings) -> int:
         for c in out:
             flag = " TRUNCATED" if c["truncated"] else ""
             print(f"#{c['id']} {c['source']} [{c['from']}:{c['to']}] {c['token_count']} tok{flag}  {c['section']}")
+    return 0
+
+
+def cmd_source(args: argparse.Namespace, settings: Settings) -> int:
+    """A document's text, or one passage of it, if the reader may open it (the Source page's check)."""
+    from rag import access
+
+    conn = _open(settings)  # never created by a read
+    groups = _groups(args.groups)
+    if args.document.isdigit():  # an id, as in citation links; anything else is a source path
+        row = access.readable_document(conn, access.parse_document_id(args.document), groups)
+    else:
+        row = access.readable_source(conn, settings.collection, args.document, groups)
+    passage = access.passage_of(row, args.char_from, args.char_to)
+    if args.json:
+        print_json(passage)
+    else:
+        print(passage.text)
     return 0
 
 
@@ -887,8 +903,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = sub.add_parser("chunks", help="export chunks")
     _common(p)
     p.add_argument("--document", help="only this document (source path)")
+    p.add_argument("--groups", help="only chunks a reader with these groups may read, comma-separated "
+                                    "(default: every chunk, as the operator)")
     p.add_argument("--json", action="store_true")
     handlers["chunks"] = cmd_chunks
+
+    p = sub.add_parser("source", help="print a document's text, or one passage of it, as a reader may see it")
+    p.add_argument("document", help="document id (as in citation links) or source path as shown by `rag status`")
+    _common(p)
+    p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
+    p.add_argument("--from", dest="char_from", type=int, metavar="N", help="first character of the passage")
+    p.add_argument("--to", dest="char_to", type=int, metavar="M", help="end of the passage (exclusive)")
+    p.add_argument("--json", action="store_true", help="print the passage as JSON (document, source, groups, "
+                                                      "range, text)")
+    handlers["source"] = cmd_source
 
     p = sub.add_parser("demo", help="index the bundled user guide into the default database if needed")
     _common(p)

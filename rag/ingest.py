@@ -264,6 +264,31 @@ def _add(found: dict[str, FoundFile], file: FoundFile) -> None:
     found[file.source] = file
 
 
+def save_uploads(files: Sequence[Any], folder: Path) -> tuple[list[Path], list[str]]:
+    """Write uploaded files (objects with ``.name`` and ``.getvalue()``) into ``folder``, to ingest them.
+
+    Returns the saved paths and one message per file that was refused (unsupported type, bad
+    name). Names are reduced to their last component, so an upload cannot escape the folder.
+    """
+    saved: list[Path] = []
+    refused: list[str] = []
+    for upload in files:
+        name = Path(str(upload.name)).name
+        if not name or name in {".", ".."}:
+            refused.append(f"{upload.name!r}: not a usable file name")
+            continue
+        try:
+            extractor_for(Path(name))
+        except ExtractionError as e:
+            refused.append(f"{name}: {e}")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
+        path.write_bytes(upload.getvalue())
+        saved.append(path)
+    return saved, refused
+
+
 # ---------------------------------------------------------------------------------------------
 # Processing one document
 
@@ -630,6 +655,12 @@ def _drop_collection(conn: store.Connection, coll: Collection) -> None:
 def _delete_collection_rows(conn: store.Connection, coll: Collection) -> None:
     store.drop_collection_vectors(conn, coll)
     conn.execute("DELETE FROM documents WHERE collection_id = ?", (coll.id,))
+
+
+def delete_documents(conn: store.Connection, document_ids: Sequence[int]) -> None:
+    """Delete documents with their chunks, FTS rows and vectors (one transaction per document)."""
+    for document_id in document_ids:
+        store.delete_document(conn, document_id)
 
 
 def delete_collection(conn: store.Connection, name: str) -> None:

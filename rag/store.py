@@ -694,6 +694,14 @@ def get_document(conn: Connection, document_id: int) -> Any:
     return row
 
 
+def get_chunk(conn: Connection, chunk_id: int) -> Any | None:
+    """One chunk with its document's source and title (None when there is no such chunk)."""
+    return conn.execute(
+        "SELECT k.*, d.source, d.title FROM chunks k JOIN documents d ON d.id = k.document_id WHERE k.id = ?",
+        (chunk_id,),
+    ).fetchone()
+
+
 def chunk_rows(conn: Connection, document_id: int | None = None, collection: str | None = None) -> list[Any]:
     """Chunks with their document's source and title, in document order."""
     where: list[str] = []

@@ -1,11 +1,12 @@
-"""The one Streamlit module under ``rag/``: cached model loaders, the sidebar frame shared by
-every page, and small render helpers (highlighted source text, citation links).
+"""The one Streamlit module under ``rag/``: cached model loaders, the frame every page draws
+(navigation and sidebar), and small render helpers (highlighted source text, citation links).
 
-Pages stay thin (read widgets -> call one ``rag`` function -> render); what they need beyond
-the pipeline modules lives here. Only models are cached (``st.cache_resource``, keyed by their
-spec or path); a database connection is opened per call with ``connection()`` and closed after,
-because a ``sqlite3.Connection`` is bound to the thread that made it and Streamlit reruns a
-session on any thread of its pool.
+Pages stay thin (read widgets -> call one ``rag`` function -> render); decisions such as who may
+read a document live in the library (``rag.access``), not here. Only models are cached
+(``st.cache_resource``, keyed by their spec or path). A database connection is opened once per
+run, by ``frame()``, handed to the page in its ``View`` and closed when the page's block ends:
+a ``sqlite3.Connection`` is bound to the thread that made it, and Streamlit reruns a session on
+any thread of its pool.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import itertools
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,22 +27,20 @@ import pandas as pd
 import streamlit as st
 
 from rag import store
-from rag.audit import CutAudit, audit_cuts, describe_cut
+from rag.access import groups_from_param, known_groups
 from rag.config import Settings, data_dir, load_settings
 from rag.embedding import Embedder, load_embedder
-from rag.errors import ExtractionError, NotFoundError, RagError
+from rag.errors import NotFoundError, RagError
 from rag.evaluate import EvalReport, StageResult, StrategyTable
-from rag.extract import extractor_for
 from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
 from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health, spec_for_model_id
-from rag.models import Answer, Citation, DocumentInfo, Extracted, Hit
+from rag.models import Answer, Citation, Collection, Hit
 from rag.verify import MARKER as CITATION_MARKER
 
 Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.properties() may facet)
-VIEW_KEY = "_rag_view"  # session_state slot holding this run's View (set by frame(), dropped by app.py)
 NEXT_COLLECTION_KEY = "_rag_next_collection"  # a collection the sidebar must select on the next run
-SOURCE_PAGE = "source"  # url_path of pages/source.py (see app.py)
+SOURCE_PAGE = "source"  # URL path of pages/source.py: Streamlit takes it from the file name
 EMBEDDER_CHOICES = ("minilm", "e5", "auto", "minilm-fp32")  # offered for NEW collections (issue 9)
 
 
@@ -91,73 +90,103 @@ def llm(path: str, n_ctx: int, threads: int, seed: int) -> LockedLLM:
     return LockedLLM(load_llm(path, n_ctx=n_ctx, threads=threads, seed=seed), threading.Lock())
 
 
-def collection_embedder(settings: Settings, collection: str) -> Embedder:
-    """The embedding model a collection was built with (never another one)."""
-    with connection(settings) as conn:
-        coll = store.require_collection(conn, collection)
+def collection_embedder(conn: store.Connection, collection: str) -> Embedder:
+    """The embedding model a collection was built with (never another one); ``conn``: the run's connection."""
+    coll = store.require_collection(conn, collection)
     return embedder(spec_for_model_id(coll.embedder))
 
 
 def ingest_embedder(
-    settings: Settings, collection: str, choice: str, paths: Sequence[str | Path]
+    conn: store.Connection, settings: Settings, collection: str, choice: str, paths: Sequence[str | Path]
 ) -> tuple[Embedder, str | None]:
     """The model to ingest with and a note about the choice (``rag.ingest.choose_embedder``).
 
     An existing collection keeps its own model; a new one takes ``choice`` ("minilm", "e5", or
-    "auto": chosen from the language of the files).
+    "auto": chosen from the language of the files). ``conn``: the run's connection.
     """
-    with connection(settings) as conn:
-        picked = choose_embedder(conn, paths, requested=choice or None, settings=settings, collection=collection)
+    picked = choose_embedder(conn, paths, requested=choice or None, settings=settings, collection=collection)
     return embedder(picked.spec), picked.note
 
 
 # ---------------------------------------------------------------------------------------------
-# The frame: sidebar with database, collection, "viewing as" groups and index health
+# The frame: page config, navigation, and the sidebar with database, collection, "viewing as"
+# groups and index health. Every page file (app.py and pages/*.py) draws it with
+# ``with ui.frame() as view:`` around its body, which also bounds the run's one connection.
+
+
+@dataclass(frozen=True, slots=True)
+class NavLink:
+    """One entry of the sidebar navigation: a page file (relative to app.py) and its label."""
+
+    path: str
+    title: str
+    icon: str
+
+
+# Streamlit names each pages/ file's URL after its file name (source.py -> /source) and labels its
+# own menu the same way (lower case, and "app" for app.py), so .streamlit/config.toml hides that
+# menu (client.showSidebarNavigation = false) and the frame draws this one with st.page_link.
+NAVIGATION = (
+    NavLink("app.py", "Ask", ":material/forum:"),
+    NavLink("pages/source.py", "Source", ":material/description:"),
+    NavLink("pages/documents.py", "Documents", ":material/folder_open:"),
+    NavLink("pages/chunks.py", "Chunks", ":material/view_agenda:"),
+    NavLink("pages/evaluation.py", "Evaluation", ":material/monitoring:"),
+)
 
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """What the sidebar selected for this run; every page reads it with ``current_view()``."""
+    """What the sidebar selected for this run, and the run's one database connection."""
 
     settings: Settings
+    conn: store.Connection  # open for the page's ``with ui.frame()`` block, closed when it ends
     collection: str  # the selected collection (settings.collection when the database is empty)
     collections: list[str]
+    stamp: Collection | None  # the selected collection's model, strategy and threshold (None: not created yet)
     groups: list[str]  # the reader's groups ("viewing as")
     known_groups: list[str]
     health: IndexHealth
 
 
-def known_groups(infos: Sequence[DocumentInfo]) -> list[str]:
-    """Every group some document names, plus the public group, sorted."""
-    return sorted({g for d in infos for g in d.groups} | {store.PUBLIC_GROUP})
+@dataclass(frozen=True, slots=True)
+class FrameData:
+    collections: list[Collection]
+    groups: list[str]
+    health: IndexHealth
 
 
-def groups_from_param(raw: str | None, known: Sequence[str]) -> list[str]:
-    """``?groups=a,b`` (as carried by citation links) restricted to groups the database knows."""
-    wanted = [g.strip() for g in (raw or "").split(",") if g.strip()]
-    return [g for g in wanted if g in known] or [store.PUBLIC_GROUP]
+def read_frame(conn: store.Connection, settings: Settings) -> FrameData:
+    """Collections, the groups documents name, and index health."""
+    return FrameData(store.list_collections(conn), known_groups(document_statuses(conn, settings)),
+                     index_health(conn, settings))
 
 
-def read_frame(settings: Settings) -> tuple[list[str], list[DocumentInfo], IndexHealth]:
-    """Collections, documents and index health, read through one short-lived connection."""
-    with connection(settings) as conn:
-        names = [c.name for c in store.list_collections(conn)]
-        infos = document_statuses(conn, settings)
-        health = index_health(conn, settings)
-    return names, infos, health
+@contextmanager
+def frame() -> Iterator[View]:
+    """Draw the frame and yield the View; its connection is closed when the block ends.
+
+    A RagError while opening (a bad setting, an unreadable database) is shown and stops the run.
+    """
+    st.set_page_config(page_title="Ask your documents", page_icon="📚", layout="wide")
+    with ExitStack() as stack:
+        try:
+            settings = load_settings()
+            conn = stack.enter_context(connection(settings))
+            data = read_frame(conn, settings)
+        except RagError as e:
+            stop_on(e)
+            raise  # stop_on() raises; this line only tells type checkers so
+        yield draw_frame(settings, conn, data)
 
 
-def frame() -> View:
-    """Render the sidebar and return the selection; on a RagError show it and stop the run."""
-    try:
-        settings = load_settings()
-        names, infos, health = read_frame(settings)
-    except RagError as e:
-        st.error(str(e))
-        st.stop()
-        raise  # st.stop() raises; this line only tells type checkers so
+def draw_frame(settings: Settings, conn: store.Connection, data: FrameData) -> View:
+    """The sidebar: navigation, database, collection and groups pickers, index health."""
+    names = [c.name for c in data.collections]
     collections = names or [settings.collection]
-    groups = known_groups(infos)
+    groups = data.groups
+    # Each page draws these widgets anew; setting their keys every run keeps the choice when the
+    # reader moves to another page (Streamlit drops the state of a widget its page did not draw).
     if "groups" not in st.session_state:
         st.session_state["groups"] = groups_from_param(st.query_params.get("groups"), groups)
     else:  # a group may have disappeared with its last document
@@ -168,8 +197,13 @@ def frame() -> View:
     if st.session_state.get("collection") not in collections:
         wanted = st.query_params.get("collection") or settings.collection
         st.session_state["collection"] = wanted if wanted in collections else collections[0]
+    else:
+        st.session_state["collection"] = st.session_state["collection"]
 
     with st.sidebar:
+        for link in NAVIGATION:
+            st.page_link(link.path, label=link.title, icon=link.icon)
+        st.divider()
         st.caption("Database")
         st.code(str(settings.db_path), language=None, wrap_lines=True)
         collection = st.selectbox("Collection", collections, key="collection")
@@ -183,6 +217,7 @@ def frame() -> View:
         st.divider()
         st.caption("Index health")
         c1, c2 = st.columns(2)
+        health = data.health
         c1.metric("Documents", health.documents)
         c2.metric("Chunks", health.chunks)
         c1.metric("Failed", health.failed)
@@ -192,62 +227,13 @@ def frame() -> View:
                 st.caption(f"**{name}** · {model}")
         else:
             st.caption("No collection yet: add documents on the Documents page.")
-    view = View(settings, collection, names, list(reader) or [store.PUBLIC_GROUP], groups, health)
-    st.session_state[VIEW_KEY] = view
-    return view
+    stamp = next((c for c in data.collections if c.name == collection), None)
+    return View(settings, conn, collection, names, stamp, list(reader) or [store.PUBLIC_GROUP], groups, health)
 
 
 def select_collection_next_run(name: str) -> None:
     """Make the sidebar select ``name`` on the next run (a drawn widget cannot be changed)."""
     st.session_state[NEXT_COLLECTION_KEY] = name
-
-
-def current_view() -> View:
-    """The View the frame built for this run through app.py.
-
-    A page file can also run WITHOUT app.py: Streamlit finds the top-level ``pages/`` folder our
-    layout keeps, and until some session has run app.py's ``st.navigation`` it serves a deep link
-    (say ``/source?...`` as the first request after a restart) in its legacy pages-folder mode,
-    straight from the page file. Then the legacy mode is switched off and the run restarted, so
-    app.py routes it (url paths equal the file names, so the same page and query come back).
-    A page run on its own (AppTest) draws the frame itself.
-    """
-    view = st.session_state.get(VIEW_KEY)
-    if isinstance(view, View):
-        return view
-    if _leave_legacy_pages_mode():
-        st.rerun()
-    view = frame()
-    forget_view()  # no app.py run owns it: the next run must draw the frame again
-    return view
-
-
-def forget_view() -> None:
-    """Called by app.py when a run ends, so a later run without app.py cannot see a stale View."""
-    st.session_state.pop(VIEW_KEY, None)
-
-
-def _leave_legacy_pages_mode() -> bool:
-    """Turn off Streamlit's pages-folder mode if it is on; True when it was.
-
-    ``PagesManager.uses_pages_directory`` is what ``st.navigation`` itself sets to False on its
-    first call (streamlit/commands/navigation.py); it is internal, hence the defensive lookup.
-    """
-    try:
-        from streamlit.runtime.pages_manager import PagesManager
-    except ImportError:  # pragma: no cover - a Streamlit without it has no legacy mode to leave
-        return False
-    if getattr(PagesManager, "uses_pages_directory", None) is True and Path(_main_script()).name == "app.py":
-        PagesManager.uses_pages_directory = False
-        return True
-    return False
-
-
-def _main_script() -> str:
-    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
-
-    ctx = get_script_run_ctx()
-    return str(ctx.pages_manager.main_script_path) if ctx is not None else ""
 
 
 def stop_on(error: RagError) -> None:
@@ -260,30 +246,9 @@ def stop_on(error: RagError) -> None:
 # Documents page helpers
 
 
-def save_uploads(files: Sequence[Any], folder: Path | None = None) -> tuple[list[Path], list[str]]:
-    """Write uploaded files (objects with ``.name`` and ``.getvalue()``) under the data dir.
-
-    Returns the saved paths and one message per file that was refused (unsupported type, bad
-    name). Names are reduced to their last component, so an upload cannot escape the folder.
-    """
-    target = folder or data_dir() / "uploads"
-    saved: list[Path] = []
-    refused: list[str] = []
-    for upload in files:
-        name = Path(str(upload.name)).name
-        if not name or name in {".", ".."}:
-            refused.append(f"{upload.name!r}: not a usable file name")
-            continue
-        try:
-            extractor_for(Path(name))
-        except ExtractionError as e:
-            refused.append(f"{name}: {e}")
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        path = target / name
-        path.write_bytes(upload.getvalue())
-        saved.append(path)
-    return saved, refused
+def uploads_folder() -> Path:
+    """Where the Documents page keeps uploaded files (under the data dir), to ingest them from."""
+    return data_dir() / "uploads"
 
 
 def flash(kind: str, message: str) -> None:
@@ -306,60 +271,6 @@ def report_messages(report: IngestReport) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Source view
-
-
-def readable_document(conn: store.Connection, document_id: int, groups: Sequence[str]) -> Any:
-    """The document row if a reader with ``groups`` may see it; otherwise NotFoundError.
-
-    The same wording for "missing" and "not yours", so a link cannot probe for documents.
-    """
-    try:
-        row = store.get_document(conn, document_id)
-    except NotFoundError:
-        row = None
-    if row is None or row["access_key"] not in store.visible_access_keys(conn, groups):
-        raise NotFoundError(f"no document {document_id} is visible to {', '.join(groups)}")
-    return row
-
-
-def indexed_documents(conn: store.Connection, collection: str) -> list[Any]:
-    """Documents of a collection that have chunks (status ok), in source order."""
-    return [r for r in store.document_rows(conn, collection) if r["status"] == "ok"]
-
-
-def readable_documents(conn: store.Connection, collection: str, groups: Sequence[str]) -> list[Any]:
-    """Indexed (status ok) documents of a collection that a reader with ``groups`` may see."""
-    keys = set(store.visible_access_keys(conn, groups))
-    return [r for r in store.document_rows(conn, collection) if r["status"] == "ok" and r["access_key"] in keys]
-
-
-def parse_document_id(raw: Any) -> int:
-    try:
-        return int(str(raw))
-    except ValueError as e:
-        raise RagError(f"the document parameter must be a number (got {raw!r})") from e
-
-
-def json_list(raw: str | None) -> list[str]:
-    """A JSON list column (documents.groups) as a Python list."""
-    import json
-
-    value = json.loads(raw or "[]")
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
-def parse_range(params: Any, length: int) -> tuple[int, int] | None:
-    """``from``/``to`` query parameters as a valid range inside a text of ``length``, or None."""
-    raw_from, raw_to = params.get("from"), params.get("to")
-    if raw_from is None and raw_to is None:
-        return None
-    try:
-        start, end = int(str(raw_from)), int(str(raw_to))
-    except ValueError as e:
-        raise RagError(f"the passage range must be two whole numbers (got from={raw_from!r}, to={raw_to!r})") from e
-    if not 0 <= start < end <= length:
-        raise RagError(f"the passage range {start}–{end} lies outside this document (0–{length})")
-    return start, end
 
 
 def source_url(document_id: int, char_from: int, char_to: int, groups: Sequence[str]) -> str:
@@ -434,45 +345,6 @@ def chunk_map_html(text: str, ranges: Sequence[tuple[int, int, int]], selected: 
         outline = "outline: 2px solid #1c7ed6;" if selected in covering else ""
         parts.append(f'<span style="background:{color};{outline}">{piece}</span>')
     return f'<div class="rag-source" style="{SOURCE_BOX}">{"".join(parts)}</div>'
-
-
-# ---------------------------------------------------------------------------------------------
-# Cut-position audit (rag.audit)
-
-
-def stored_extracted(row: Any) -> Extracted:
-    """A stored document row back as the ``Extracted`` the chunker reads (no file access).
-
-    Markdown front matter is found again so the body starts where ingest started it. PDF page
-    spans are not stored, so a PDF is audited as one page.
-    """
-    from rag.extract import split_front_matter
-
-    text = row["canonical_text"] or ""
-    metadata: dict[str, Any] = {}
-    body_start = 0
-    if row["extractor"] == "markdown":
-        metadata, body_start = split_front_matter(text)
-    return Extracted(text, row["title"], row["extractor"] or "text", row["extractor_version"] or "", body_start,
-                     (), metadata)
-
-
-def audit_document(row: Any, strategy: str, model: Embedder, settings: Settings) -> CutAudit:
-    """The cut-position audit of a stored document under ``strategy``, in the model's tokens."""
-    from rag.ingest import chunk_budget
-
-    try:
-        return audit_cuts(
-            stored_extracted(row), strategy, budget=chunk_budget(settings, model),
-            count_tokens=model.count_tokens, max_tokens=model.max_tokens,
-        )
-    except ValueError as e:
-        raise RagError(str(e)) from e
-
-
-def audit_table(text: str, audit: CutAudit) -> list[dict[str, Any]]:
-    """One row per cut that falls outside every sentence and block boundary, with its context."""
-    return [{"offset": offset, "cut in context": describe_cut(text, offset)} for offset in audit.outside_at]
 
 
 # ---------------------------------------------------------------------------------------------

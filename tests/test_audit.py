@@ -103,3 +103,34 @@ def test_rfc9562_strategy_e_at_the_default_budget(real_embedder) -> None:  # typ
     doc = extract(shared_eval_or_skip() / "rfc9562" / "rfc9562.txt")
     result = audit_cuts(doc, "E", budget=204, count_tokens=real_embedder.count_tokens, max_tokens=256)
     assert result.cuts >= 100 and result.outside == 0
+
+
+def test_a_stored_document_is_audited_from_its_canonical_text(tmp_path: Path) -> None:
+    """The Chunks page audits the stored text: front matter found again, same cuts as the file."""
+    from rag import store
+    from rag.audit import audit_document, audit_table, stored_extracted
+    from rag.config import load_settings
+    from rag.errors import RagError
+    from rag.ingest import ingest
+
+    from .fakes import FakeEmbedder
+
+    source = tmp_path / "cuts.md"
+    source.write_text("---\ntitle: Cuts\ngroups: [admin]\n---\n\n# Cuts\n\n" + PROSE + "\n", encoding="utf-8")
+    settings = load_settings(db_path=tmp_path / "t.db")
+    conn = store.open_db(settings.db_path)
+    try:
+        model = FakeEmbedder()
+        ingest(conn, [source], settings=settings, embedder=model)
+        row = store.get_document(conn, next(r["id"] for r in store.document_rows(conn)))
+    finally:
+        conn.close()
+    stored = stored_extracted(row)
+    from_file = extract(source)
+    assert (stored.text, stored.body_start, stored.metadata["groups"]) == (
+        from_file.text, from_file.body_start, ["admin"])
+    blind = audit_document(row, "A", model, settings)
+    assert blind.outside == len(audit_table(stored.text, blind)) > 0  # 512-character windows cut sentences
+    assert audit_document(row, "E", model, settings).outside == 0
+    with pytest.raises(RagError, match="strateg"):
+        audit_document(row, "Z", model, settings)

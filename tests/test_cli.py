@@ -44,3 +44,80 @@ def test_known_errors_are_one_line_messages(db_path: Path, capsys: pytest.Captur
     assert cli.main(["chunks", "--db", str(db_path), "--document", "x.md", "--collection", "nope"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: no collection named 'nope'") and "Traceback" not in err
+
+
+@pytest.fixture
+def two_readers_db(tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A database with one public document and one for admins only."""
+    from .fakes import FakeEmbedder
+
+    monkeypatch.setattr("rag.embedding.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
+    corpus = tmp_path / "readers"
+    corpus.mkdir()
+    (corpus / "ports.md").write_text("# Ports\n\nThe app listens on port 8501.\n", encoding="utf-8")
+    (corpus / "backups.md").write_text("---\ngroups: [admin]\n---\n\n# Backups\n\nCopy rag.db while stopped.\n",
+                                       encoding="utf-8")
+    assert cli.main(["ingest", str(corpus), "--db", str(db_path), "--json"]) == 0
+    return db_path
+
+
+def _ids(db_path: Path) -> dict[str, int]:
+    from rag import store
+
+    conn = store.open_db(db_path)
+    try:
+        return {r["source"]: int(r["id"]) for r in store.document_rows(conn)}
+    finally:
+        conn.close()
+
+
+def test_source_prints_a_document_or_a_passage_the_reader_may_see(
+    two_readers_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    ids = _ids(two_readers_db)
+    assert cli.main(["source", str(ids["ports.md"]), "--db", str(two_readers_db)]) == 0
+    assert capsys.readouterr().out == "# Ports\n\nThe app listens on port 8501.\n\n"
+    assert cli.main(["source", "ports.md", "--db", str(two_readers_db), "--from", "9", "--to", "16"]) == 0
+    assert capsys.readouterr().out == "The app\n"
+    assert cli.main(["source", "backups.md", "--db", str(two_readers_db), "--groups", "admin", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["source"] == "backups.md" and shown["groups"] == ["admin"] and shown["document_id"] == ids[
+        "backups.md"]
+    assert shown["text"].startswith("---\ngroups: [admin]") and shown["char_from"] == 0
+    assert set(shown) == {"document_id", "collection", "source", "title", "groups", "char_from", "char_to", "text"}
+
+
+def test_source_refuses_what_the_reader_may_not_see_with_the_source_pages_words(
+    two_readers_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    admin = _ids(two_readers_db)["backups.md"]
+    assert cli.main(["source", str(admin), "--db", str(two_readers_db)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"error: no document {admin} is visible to all\n" and captured.out == ""
+    assert cli.main(["source", str(admin), "--db", str(two_readers_db), "--from", "0", "--to", "5"]) == 1
+    assert capsys.readouterr().err == f"error: no document {admin} is visible to all\n"
+    assert cli.main(["source", "backups.md", "--db", str(two_readers_db), "--groups", "sales"]) == 1
+    assert capsys.readouterr().err == "error: no document 'backups.md' is visible to sales\n"
+    assert cli.main(["source", "99999999999999999999", "--db", str(two_readers_db)]) == 1
+    assert capsys.readouterr().err == "error: no document 99999999999999999999 is visible to all\n"
+    assert cli.main(["source", "ports.md", "--db", str(two_readers_db), "--from", "5", "--to", "999"]) == 1
+    assert "lies outside this document" in capsys.readouterr().err
+    assert cli.main(["source", "ports.md", "--db", str(two_readers_db), "--from", "5"]) == 1
+    assert "needs both ends" in capsys.readouterr().err
+    missing = two_readers_db.parent / "none.db"
+    assert cli.main(["source", "1", "--db", str(missing)]) == 1
+    assert "no database at" in capsys.readouterr().err and not missing.exists()  # a read never creates one
+
+
+def test_chunks_honours_groups(two_readers_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert cli.main(["chunks", "--db", str(two_readers_db), "--json"]) == 0
+    assert {c["source"] for c in json.loads(capsys.readouterr().out)} == {"ports.md", "backups.md"}
+    assert cli.main(["chunks", "--db", str(two_readers_db), "--groups", "all", "--json"]) == 0
+    assert {c["source"] for c in json.loads(capsys.readouterr().out)} == {"ports.md"}
+    assert cli.main(["chunks", "--db", str(two_readers_db), "--groups", "admin", "--document", "backups.md"]) == 0
+    assert "backups.md" in capsys.readouterr().out
+    assert cli.main(["chunks", "--db", str(two_readers_db), "--groups", "all", "--document", "backups.md"]) == 1
+    assert capsys.readouterr().err == "error: no document 'backups.md' is visible to all\n"

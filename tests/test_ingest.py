@@ -293,3 +293,22 @@ def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
     ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
     kept = choose_embedder(conn, [vi], requested="auto", settings=settings)
     assert kept == type(kept)(FakeEmbedder.model_id, None)
+
+
+def test_save_uploads_refuses_unsupported_types_and_path_tricks(tmp_path: Path) -> None:
+    from rag.ingest import save_uploads
+
+    class Upload:
+        def __init__(self, name: str, data: bytes) -> None:
+            self.name, self.data = name, data
+
+        def getvalue(self) -> bytes:
+            return self.data
+
+    saved, refused = save_uploads(
+        [Upload("notes.md", b"# Notes\n\nHello."), Upload("report.docx", b"PK"), Upload("../../evil.md", b"x")],
+        tmp_path / "uploads",
+    )
+    assert [p.name for p in saved] == ["notes.md", "evil.md"]
+    assert all(p.parent == tmp_path / "uploads" for p in saved)
+    assert len(refused) == 1 and "report.docx" in refused[0] and "unsupported file type" in refused[0]

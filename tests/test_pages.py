@@ -1,6 +1,6 @@
-"""One streamlit.testing AppTest per page, run through app.py (router + frame) against a temp
-database built from docs/guide with the fake embedder; model loaders are patched so no real
-model is ever loaded."""
+"""One streamlit.testing AppTest per page, run through app.py (the main page; the others come
+from the pages/ folder) against a temp database built from docs/guide with the fake embedder;
+model loaders are patched so no real model is ever loaded."""
 
 from __future__ import annotations
 
@@ -49,13 +49,11 @@ def guide_db(data_dir: Path, fake_models: FakeEmbedder, tmp_path: Path) -> Path:
 
 
 def run_page(page: str, **params: str) -> AppTest:
-    """Run one page file on its own: it draws the frame itself (``ui.current_view``).
-
-    Pages are run directly rather than through ``app.py`` + ``switch_page``: AppTest resets
-    ``PagesManager.uses_pages_directory`` on every run, and with a ``pages/`` folder beside the
-    main script it then runs a switched-to page in legacy (pages-folder) mode, without app.py.
-    """
-    at = AppTest.from_file(str(ROOT / page), default_timeout=TIMEOUT)
+    """Run one page as a browser would open it: app.py is the main script, and Streamlit finds
+    the page in the ``pages/`` folder beside it (``app.py`` itself is the Ask page)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    if page != "app.py":
+        at.switch_page(page)
     for key, value in params.items():
         at.query_params[key] = value
     at.run()
@@ -105,6 +103,54 @@ def test_frame_reports_a_bad_setting_instead_of_a_traceback(
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     assert not at.exception
     assert "strategy must be one of" in at.error[0].value
+
+
+def test_sidebar_navigation_keeps_the_page_order_titles_and_url_paths(guide_db: Path) -> None:
+    at = run_page("pages/chunks.py")
+    links = [(link.proto.label, link.proto.page) for link in at.sidebar.get("page_link")]
+    assert links == [("Ask", ""), ("Source", "source"), ("Documents", "documents"), ("Chunks", "chunks"),
+                     ("Evaluation", "evaluation")]
+    from rag import ui
+
+    assert ui.source_url(1, 0, 5, ["all"]).startswith(f"{links[1][1]}?")  # citation links open the Source page
+
+
+def test_the_readers_groups_survive_a_page_change(guide_db: Path) -> None:
+    at = run_page("pages/source.py")
+    at.sidebar.multiselect(key="groups").select("admin").run()
+    assert not at.exception
+    at.switch_page("pages/documents.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Documents"
+    assert at.sidebar.multiselect(key="groups").value == ["all", "admin"]
+    at.switch_page("pages/source.py").run()
+    picker = next(s for s in at.main.selectbox if s.label == "Document")
+    assert any("admin-operations.md" in n for n in picker.options)  # viewing as admin now
+
+
+@pytest.mark.parametrize("page", ["app.py", "pages/source.py", "pages/documents.py", "pages/chunks.py",
+                                  "pages/evaluation.py"])
+def test_every_page_opens_one_database_connection_per_run(guide_db: Path, page: str) -> None:
+    opened: list[Path] = []
+    real_open = store.open_db
+
+    def counting_open(path: Any) -> Any:
+        opened.append(Path(path))
+        return real_open(path)
+
+    with mock.patch("rag.store.open_db", counting_open):
+        run_page(page)
+    assert opened == [guide_db]
+
+
+def test_no_private_streamlit_switch_and_no_st_navigation() -> None:
+    """pages/ is used through Streamlit's pages-directory mechanism alone (STYLE.md rules 14-15)."""
+    sources = [ROOT / "app.py", ROOT / "rag" / "ui.py", *sorted((ROOT / "pages").glob("*.py"))]
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        for banned in ("st.navigation(", "PagesManager", "uses_pages_directory", "streamlit.runtime"):
+            assert banned not in text, f"{path.name} uses {banned}"
+    assert 'showSidebarNavigation = false' in (ROOT / ".streamlit" / "config.toml").read_text(encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,25 +220,6 @@ def test_documents_page_deletes_a_document(guide_db: Path) -> None:
     assert "empty.md" not in list(at.dataframe[0].value["document"])
 
 
-def test_save_uploads_refuses_unsupported_types_and_path_tricks(tmp_path: Path) -> None:
-    from rag import ui
-
-    class Upload:
-        def __init__(self, name: str, data: bytes) -> None:
-            self.name, self.data = name, data
-
-        def getvalue(self) -> bytes:
-            return self.data
-
-    saved, refused = ui.save_uploads(
-        [Upload("notes.md", b"# Notes\n\nHello."), Upload("report.docx", b"PK"), Upload("../../evil.md", b"x")],
-        tmp_path / "uploads",
-    )
-    assert [p.name for p in saved] == ["notes.md", "evil.md"]
-    assert all(p.parent == tmp_path / "uploads" for p in saved)
-    assert len(refused) == 1 and "report.docx" in refused[0] and "unsupported file type" in refused[0]
-
-
 # ---------------------------------------------------------------------------------------------
 # Chunks
 
@@ -257,6 +284,13 @@ def test_source_view_explains_a_bad_range(guide_db: Path) -> None:
     assert "<mark" not in at.get("html")[0].proto.body
     at = run_page("pages/source.py", document="abc")
     assert "must be a number" in at.error[0].value
+
+
+def test_source_view_refuses_an_id_beyond_sqlite_integers_with_a_message(guide_db: Path) -> None:
+    # Regression: ?document=99999999999999999999 raised OverflowError (a traceback on the page).
+    at = run_page("pages/source.py", document="99999999999999999999", **{"from": "0", "to": "5"})
+    assert at.error[0].value == "no document 99999999999999999999 is visible to all"
+    assert not at.get("html")
 
 
 def test_chunks_page_runs_the_cut_audit_for_the_chosen_strategy(guide_db: Path) -> None:
@@ -434,7 +468,7 @@ def test_ask_page_streams_an_answer_with_citation_links_sources_and_timings(
     guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
 ) -> None:
     with mock.patch("rag.ask.ask_stream", _scripted_stream("answered", guide_db, fake_models)):
-        at = run_page("pages/ask.py")
+        at = run_page("app.py")
         at.chat_input[0].set_value("How do I start the app on another port?").run()
     assert not at.exception, [e.value for e in at.exception]
     answer = next(m.value for m in at.markdown if "PORT=8502" in m.value)
@@ -454,7 +488,7 @@ def test_ask_page_holds_a_chat_of_several_answers_of_the_same_kind(
     # Regression: every answer drew a container with the same key, so the second answer of a kind
     # in one chat raised StreamlitDuplicateElementKey and lost the chat box.
     with mock.patch("rag.ask.ask_stream", _scripted_stream("answered", guide_db, fake_models)):
-        at = run_page("pages/ask.py")
+        at = run_page("app.py")
         for question in ("How do I start the app on another port?", "Which port is used by default?"):
             at.chat_input[0].set_value(question).run()
             assert not at.exception, [e.value for e in at.exception]
@@ -469,7 +503,7 @@ def test_ask_page_holds_a_chat_of_several_answers_of_the_same_kind(
 
 def test_ask_page_labels_an_extractive_answer(guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None) -> None:
     with mock.patch("rag.ask.ask_stream", _scripted_stream("extractive", guide_db, fake_models)):
-        at = run_page("pages/ask.py")
+        at = run_page("app.py")
         at.chat_input[0].set_value("How do I start the app on another port?").run()
     assert not at.exception
     assert "Extractive answer" in at.info[0].value
@@ -482,7 +516,7 @@ def test_ask_page_explains_the_gate_when_nothing_is_close_enough(
     # The fake embedder's 64 hashed dimensions put unrelated texts at random distances around 1 ± 0.15,
     # so a strict threshold makes the refusal certain; the real model is exercised by test_browser.
     monkeypatch.setenv("RAG_MAX_DISTANCE", "0.2")
-    at = run_page("pages/ask.py")
+    at = run_page("app.py")
     at.chat_input[0].set_value("Quelle est la meilleure recette de soufflé au chocolat").run()  # real ask_stream
     assert not at.exception, [e.value for e in at.exception]
     warning = at.warning[0].value
@@ -496,7 +530,7 @@ def test_ask_page_explains_the_gate_when_nothing_is_close_enough(
 def test_ask_page_reports_a_question_that_cannot_be_searched(
     guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
 ) -> None:
-    at = run_page("pages/ask.py")
+    at = run_page("app.py")
     at.chat_input[0].set_value("???").run()
     assert not at.exception
     assert "nothing to search for" in at.error[0].value
