@@ -42,7 +42,7 @@ if question:
                 answer = ui.stream_answer(
                     ask.ask_stream(
                         question, settings=settings, groups=view.groups, collection=view.collection,
-                        embedder=model, llm=llm.llm, lock=llm.lock,
+                        embedder=model, llm=llm,
                     )
                 )
         except RagError as e:
