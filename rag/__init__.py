@@ -24,11 +24,13 @@ _EXPORTS = {
     "fuse_rrf": "rag.retrieval",
     "generate_answer": "rag.generate",
     "load_embedder": "rag.embedding",
+    "load_language_model": "rag.llm",
     "load_reranker": "rag.rerank",
     "load_settings": "rag.config",
     "open_db": "rag.store",
     "Reranker": "rag.rerank",
     "Embedder": "rag.embedding",
+    "LanguageModel": "rag.llm",
     "STAGES": "rag.retrieval",
     # data model and errors
     "Answer": "rag.models",

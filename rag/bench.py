@@ -28,7 +28,7 @@ What is measured, and how:
 - **generation** (child processes, so ``OMP_WAIT_POLICY`` can differ): time to first token from
   the question's arrival (retrieval + prompt + prefill) and decode tokens/s with the bundled GGUF,
   after one warm-up question (the worked example's KV cache is then reused, as in the app), once
-  as configured (``rag.generate`` defaults OpenMP to PASSIVE) and once with spinning workers
+  as configured (``rag.llm`` defaults OpenMP to PASSIVE when it loads llama_cpp) and once with spinning workers
   (``OMP_WAIT_POLICY=ACTIVE``).
 - **memory**: peak RSS of a child process that imports the Streamlit UI module and loads every
   model the app can hold (the default embedder, multilingual-e5 and the GGUF) and answers.
@@ -59,13 +59,15 @@ from typing import Any
 import numpy as np
 
 from rag import chunking, metrics, retrieval, store
-from rag.config import Settings
+from rag.config import Settings, load_settings
 from rag.embedding import Embedder, load_embedder
 from rag.errors import RagError
 from rag.extract import extract
+from rag.generate import answer_stream, start_generation
 from rag.golden import GoldenItem, expand_queries, is_relevant, load_golden
-from rag.ingest import chunk_budget, discover, ingest, load_acl
-from rag.models import Chunk
+from rag.ingest import chunk_budget, discover, ingest, load_acl, spec_for_model_id
+from rag.llm import load_language_model
+from rag.models import Answer, Chunk
 from rag.text import build_fts_query, fold
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -488,38 +490,33 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
     """Run in a child process: time to first token and tokens/s, then peak RSS with every model.
 
     The path is ``rag.ask``'s: hybrid search, the first ``max_sources`` hits (the gate is not
-    applied, so that every question reaches the model), ``start_generation`` + ``stream_tokens``.
-    The first-token time counts from the question's arrival, as ``ask`` reports it.
+    applied, so that every question reaches the model), ``start_generation`` + ``answer_stream``
+    (the answer stream ``ask`` runs, verification included). The first-token time counts from the
+    question's arrival, as ``ask`` reports it.
     """
-    from rag.config import load_settings
-    from rag.generate import load_llm, start_generation, stream_tokens
-
     db = Path(options["db"])
     settings = load_settings(db_path=db).replace(max_tokens=int(options["max_tokens"]))
     conn = store.open_db(db)
     coll = store.require_collection(conn, settings.collection)
-    from rag.ingest import spec_for_model_id
-
     embedder = load_embedder(spec_for_model_id(coll.embedder), settings.threads)
     started = time.perf_counter()
-    llm = load_llm(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
+    llm = load_language_model(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
     load_s = time.perf_counter() - started
     runs = []
     for index, (question, groups) in enumerate([("warm-up question", ["all"]), *options["questions"]]):
         clock = time.perf_counter()
         hits = retrieval.search(conn, question, embedder=embedder, settings=settings, groups=groups, stage="hybrid")
         kept = hits[: settings.max_sources]
-        generation = start_generation(llm, question, kept, settings=settings.replace(max_tokens=1) if index == 0
-                                      else settings)
-        before_decode = time.perf_counter()
-        for _ in stream_tokens(llm, generation.prompt, settings=settings.replace(max_tokens=1) if index == 0
-                               else settings, generation=generation):
-            pass
-        if index == 0 or generation.first_token_ms is None:
+        run_settings = settings.replace(max_tokens=1) if index == 0 else settings
+        generation = start_generation(llm, question, kept, settings=run_settings)
+        answer = None
+        for item in answer_stream(llm, generation, settings=run_settings, embedder=embedder, started=clock):
+            answer = item
+        if index == 0 or generation.first_token_ms is None or not isinstance(answer, Answer):
             continue
         decode_ms = generation.generate_ms - generation.first_token_ms
         runs.append({
-            "ttft_ms": _r((before_decode - clock) * 1000 + generation.first_token_ms, 1),
+            "ttft_ms": answer.timings_ms["first_token"],
             "prefill_ms": _r(generation.first_token_ms, 1),
             "prompt_tokens": len(generation.prompt.tokens),
             "tokens": generation.tokens,

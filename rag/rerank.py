@@ -5,24 +5,25 @@ against a time budget; when the budget runs out or the model fails, the incoming
 stands and every hit records why in ``rerank_fallback``, so the page can say "not reranked".
 
 The budget is checked between batches (cooperatively) rather than by abandoning a worker
-thread: a ``Llama`` must never be called from two threads at once, and a stray thread would keep
-a CPU core busy after the answer has gone out. A single batch can therefore overrun the budget
+thread: a language model must never be called from two threads at once, and a stray thread would
+keep a CPU core busy after the answer has gone out. A single batch can therefore overrun the budget
 by its own duration (one passage for the LLM, ``batch_size`` passages for the cross-encoder).
 
 Implementations: ``NoReranker``; ``CrossEncoderReranker`` (a sentence-transformers CrossEncoder
-from a local directory); ``LlmReranker`` (pointwise yes/no log-odds from a GGUF model through
-llama-cpp-python). ``load_reranker(settings)`` picks one by ``settings.rerank``.
+from a local directory); ``LlmReranker`` (pointwise yes/no log-odds from a ``rag.llm``
+``LanguageModel``). ``load_reranker(settings)`` picks one by ``settings.rerank``.
+
+``rerank_hits`` is the rerank stage itself, the one place that applies a reranker to fused hits:
+retrieval's "rerank" stage and ``ask`` both call it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from rag.config import Settings
 from rag.errors import ModelLoadError
+from rag.llm import LanguageModel, load_language_model
 from rag.models import Hit
 
 log = logging.getLogger(__name__)
@@ -162,87 +164,60 @@ YES_WORDS = ("yes", "Yes", "YES", " yes", " Yes")
 NO_WORDS = ("no", "No", "NO", " no", " No")
 
 
-def yes_no_log_odds(logits: np.ndarray, yes_ids: Sequence[int], no_ids: Sequence[int]) -> float:
-    """``log P(yes) - log P(no)`` from next-token logits, each side summed over its spellings.
-
-    The softmax normaliser cancels, so raw logits suffice: logsumexp(yes) - logsumexp(no).
-    """
-    values = np.asarray(logits, dtype=np.float64)
-    yes = values[list(yes_ids)]
-    no = values[list(no_ids)]
+def yes_no_log_odds(yes_logprobs: Sequence[float], no_logprobs: Sequence[float]) -> float:
+    """``log P(yes) - log P(no)`` from next-token log-probabilities, each side summed over its
+    spellings: logsumexp(yes) - logsumexp(no)."""
+    yes = np.asarray(yes_logprobs, dtype=np.float64)
+    no = np.asarray(no_logprobs, dtype=np.float64)
     return float(np.logaddexp.reduce(yes) - np.logaddexp.reduce(no))
 
 
 class LlmReranker(ScoringReranker):
-    """Pointwise relevance from a llama-cpp ``Llama``: the log-odds of "yes" over "no" as the next token.
+    """Pointwise relevance from a ``LanguageModel``: the log-odds of "yes" over "no" as the next token.
 
-    ``lock`` (optional) is held around every model call: a shared ``Llama`` is not thread-safe.
+    The model serialises its own calls (``rag.llm``), so a shared model needs no lock here.
     """
 
     name = "llm"
     batch_size = 1
 
-    def __init__(
-        self,
-        llm: Any,
-        *,
-        budget_ms: float = 4000.0,
-        clock: Clock = time.monotonic,
-        lock: AbstractContextManager[Any] | None = None,
-    ) -> None:
+    def __init__(self, llm: LanguageModel, *, budget_ms: float = 4000.0, clock: Clock = time.monotonic) -> None:
         super().__init__(budget_ms, clock)
         self.llm = llm
-        self.lock: AbstractContextManager[Any] = lock if lock is not None else contextlib.nullcontext()
-        self.yes_ids = self._single_tokens(YES_WORDS)
-        self.no_ids = self._single_tokens(NO_WORDS)
-        if not self.yes_ids or not self.no_ids:
+        self.yes_words = self._single_token_words(YES_WORDS)
+        self.no_words = self._single_token_words(NO_WORDS)
+        if not self.yes_words or not self.no_words:
             raise ModelLoadError("the language model has no single-token 'yes'/'no'; it cannot rerank")
 
-    def _single_tokens(self, words: Sequence[str]) -> list[int]:
-        ids = []
+    def _single_token_words(self, words: Sequence[str]) -> list[str]:
+        """The spellings that are one token each, one spelling per token (none counted twice)."""
+        kept: list[str] = []
+        seen: set[int] = set()
         for word in words:
-            tokens = self.llm.tokenize(word.encode("utf-8"), add_bos=False, special=False)
-            if len(tokens) == 1 and tokens[0] not in ids:
-                ids.append(int(tokens[0]))
-        return ids
+            tokens = self.llm.tokenize(word, add_bos=False, special=False)
+            if len(tokens) == 1 and tokens[0] not in seen:
+                seen.add(tokens[0])
+                kept.append(word)
+        return kept
 
     def prompt(self, query: str, passage: str) -> str:
         return LLM_RERANK_PROMPT.format(question=query.strip(), passage=passage.strip())
 
-    def next_token_logits(self, prompt: str) -> np.ndarray:
-        """Logits for the token after ``prompt``, evaluated from an empty context.
-
-        Reusing the KV cache of the shared question prefix saves ~10 % here but is not
-        reproducible: llama.cpp's kernels depend on the batch shape, so a passage's score would
-        shift (measured up to 0.7 in a logit) with the length of the passage scored before it.
-        """
-        tokens = list(self.llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
-        n_ctx = self.llm.n_ctx()
-        if len(tokens) > n_ctx:
-            tokens = tokens[: n_ctx - 8] + tokens[-8:]  # keep the turn markers at the end
-        self.llm.reset()
-        self.llm.eval(tokens)
-        # eval() keeps only the last position's logits when logits_all is off; read them from the context.
-        return np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.llm.n_vocab(),)).copy()
-
     def score_batch(self, query: str, passages: Sequence[str]) -> list[float]:
         scores = []
-        with self.lock:
-            for passage in passages:
-                logits = self.next_token_logits(self.prompt(query, passage))
-                scores.append(yes_no_log_odds(logits, self.yes_ids, self.no_ids))
+        for passage in passages:
+            logprobs = self.llm.next_token_logprobs(self.prompt(query, passage), [*self.yes_words, *self.no_words])
+            scores.append(yes_no_log_odds([logprobs[w] for w in self.yes_words], [logprobs[w] for w in self.no_words]))
         return scores
 
 
-LlmLoader = Callable[[str, int, int, int], Any]  # (path, n_ctx, threads, seed) -> Llama, as rag.generate.load_llm
+LlmLoader = Callable[[str, int, int, int], LanguageModel]  # (path, n_ctx, threads, seed), as load_language_model
 
 
-def load_reranker(
-    settings: Settings, llm_loader: LlmLoader | None = None, lock: AbstractContextManager[Any] | None = None
-) -> Reranker:
+def load_reranker(settings: Settings, llm_loader: LlmLoader | None = None) -> Reranker:
     """The reranker named by ``settings.rerank``: "none", "cross-encoder" (``settings.rerank_model``
     is its directory) or "llm" (the generation GGUF, built by ``llm_loader``; pass a cached loader
-    to share the model with generation, and the ``lock`` that guards that shared model)."""
+    to share the model with generation)."""
     choice = settings.rerank
     if choice == "none":
         return NoReranker()
@@ -254,10 +229,36 @@ def load_reranker(
             )
         return CrossEncoderReranker(settings.rerank_model, budget_ms=settings.rerank_budget_ms)
     if choice == "llm":
-        if llm_loader is None:
-            from rag.generate import load_llm
-
-            llm_loader = load_llm
-        llm = llm_loader(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
-        return LlmReranker(llm, budget_ms=settings.rerank_budget_ms, lock=lock)
+        loader = llm_loader or load_language_model
+        llm = loader(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
+        return LlmReranker(llm, budget_ms=settings.rerank_budget_ms)
     raise ValueError(f"unknown reranker {choice!r}; choose one of {', '.join(RERANKERS)}")
+
+
+def rerank_hits(
+    query: str,
+    hits: Sequence[Hit],
+    *,
+    settings: Settings,
+    reranker: Reranker | None = None,
+    k: int | None = None,
+    llm_loader: LlmLoader | None = None,
+) -> list[Hit]:
+    """The rerank stage: the first ``settings.rerank_depth`` fused hits reordered, the rest after
+    them in RRF order, cut to ``k`` (default ``settings.top_k``).
+
+    Args:
+        query: the checked question text.
+        hits: fused hits, best first.
+        settings: ``rerank_depth`` and ``top_k``, and the reranker to build when none is given.
+        reranker: used whenever given; None builds ``load_reranker(settings, llm_loader)``.
+        k: how many hits to return.
+        llm_loader: builds the model of an LLM reranker (pass a cached one to share it).
+
+    A model reranker that runs out of its time budget or fails keeps the RRF order of the hits it
+    was given, each with ``rerank_fallback`` saying why (``ScoringReranker.rank``).
+    """
+    if reranker is None:
+        reranker = load_reranker(settings, llm_loader)
+    depth = settings.rerank_depth
+    return (reranker.rank(query, hits[:depth]) + list(hits[depth:]))[: settings.top_k if k is None else k]

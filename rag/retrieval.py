@@ -34,7 +34,7 @@ from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import QueryError
 from rag.models import Hit
-from rag.rerank import Reranker, load_reranker, rerank_text
+from rag.rerank import Reranker, rerank_hits, rerank_text
 from rag.text import build_fts_query, fold, keywords, quote_fts
 
 STAGES = ("dense", "fts", "hybrid", "rerank")
@@ -594,10 +594,7 @@ def search(
     ]
     if stage != "rerank":
         return hits[:k]
-    if reranker is None:
-        reranker = load_reranker(settings)
-    depth = settings.rerank_depth
-    return (reranker.rank(text, hits[:depth]) + hits[depth:])[:k]
+    return rerank_hits(text, hits, settings=settings, reranker=reranker, k=k)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import html
 import itertools
 import re
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from rag.evaluate import EvalReport, StageResult, StrategyTable
 from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
 from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health, spec_for_model_id
+from rag.llm import LanguageModel, load_language_model
 from rag.models import Answer, Citation, Collection, Hit
 from rag.verify import MARKER as CITATION_MARKER
 
@@ -64,30 +64,17 @@ def embedder(spec: str) -> Embedder:
     return load_embedder(spec)
 
 
-@dataclass(frozen=True, slots=True)
-class LockedLLM:
-    """A ``llama_cpp.Llama`` shared by every session, with the lock that serialises its calls.
-
-    A Llama instance keeps one KV cache and is not safe for concurrent calls; cached resources
-    are shared across session threads, so every generation must hold ``lock``.
-    """
-
-    llm: Any
-    lock: threading.Lock
-
-
-def _close_llm(model: LockedLLM) -> None:
-    close = getattr(model.llm, "close", None)
-    if callable(close):
-        close()
+def _close_llm(model: LanguageModel) -> None:
+    model.close()
 
 
 @st.cache_resource(show_spinner="Loading the language model…", max_entries=1, on_release=_close_llm)
-def llm(path: str, n_ctx: int, threads: int, seed: int) -> LockedLLM:
-    """The GGUF model (empty path = bundled Gemma-3-270M), built once per process."""
-    from rag.generate import load_llm
+def llm(path: str, n_ctx: int, threads: int, seed: int) -> LanguageModel:
+    """The GGUF model (empty path = bundled Gemma-3-270M), built once per process.
 
-    return LockedLLM(load_llm(path, n_ctx=n_ctx, threads=threads, seed=seed), threading.Lock())
+    Shared by every session's thread: the model holds its own lock around every call.
+    """
+    return load_language_model(path, n_ctx=n_ctx, threads=threads, seed=seed)
 
 
 def collection_embedder(conn: store.Connection, collection: str) -> Embedder:

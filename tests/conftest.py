@@ -60,6 +60,14 @@ def real_embedder():  # type: ignore[no-untyped-def]
     return load_embedder("minilm")
 
 
+@pytest.fixture(scope="session")
+def real_llm():  # type: ignore[no-untyped-def]
+    """The bundled Gemma-3-270M (``rag.llm.LlamaCppModel``), loaded once per session."""
+    from rag.llm import load_language_model
+
+    return load_language_model("", n_ctx=4096, threads=0, seed=1337)
+
+
 def shared_eval_or_skip() -> Path:
     """../shared/eval exists on the project's machines only; a user's clone skips these cases."""
     if not SHARED_EVAL.is_dir():

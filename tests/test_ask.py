@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -14,8 +15,7 @@ from rag.ingest import ingest
 from rag.models import Answer, Hit
 
 from .conftest import GUIDE
-from .fakes import FakeEmbedder
-from .test_generate import FailingLLM, FakeLLM, real_llm  # noqa: F401 - real_llm is a session fixture
+from .fakes import FailingLLM, FakeEmbedder, FakeLLM
 
 PAGES = {
     "parking.md": "# Parking\n\n## Garage\n\nThe garage closes at 7 pm on weekdays. It is closed on public holidays.\n",
@@ -211,9 +211,7 @@ def test_ask_stream_streams_nothing_before_a_refusal(indexed: store.Connection, 
 # --- the seams
 
 
-def test_search_function_and_lock_are_injectable(conn: store.Connection, settings: Settings) -> None:
-    import threading
-
+def test_search_function_and_model_are_injectable(conn: store.Connection, settings: Settings) -> None:
     seen: dict[str, Any] = {}
 
     def fake_search(conn: Any, query: str, **kwargs: Any) -> list[Hit]:
@@ -221,14 +219,21 @@ def test_search_function_and_lock_are_injectable(conn: store.Connection, setting
         content = "Badges are renewed every 2 years at the security desk."
         return [Hit(1, 1, "badges.md", "Badges", "Badges > Renewal", content, 0, len(content), None, 0.2)]
 
-    lock = threading.Lock()
     llm = FakeLLM("1], badges are renewed every 2 years at the security desk.")
-    llm.lock = lock
     answer = ask("How often are badges renewed?", conn=conn, settings=settings, embedder=FakeEmbedder(), llm=llm,
-                 lock=lock, search_fn=fake_search, groups=["hr"], collection="other")
+                 search_fn=fake_search, groups=["hr"], collection="other")
     assert answer.status == "answered"
     assert seen["groups"] == ("hr",) and seen["collection"] == "other" and seen["stage"] == "hybrid"
-    assert llm.lock_held_during_call == [True]
+    assert llm.lock_held_during_call == [True] and not llm.lock.locked()  # the model guards itself
+
+
+def test_timings_keep_their_keys_in_pipeline_order(indexed: store.Connection, settings: Settings) -> None:
+    from rag.ask import TIMING_ORDER
+
+    answer = run(indexed, settings, GARAGE_Q, FakeLLM(GARAGE_ANSWER))
+    assert answer.status == "answered"
+    assert list(answer.timings_ms) == list(TIMING_ORDER)
+    assert answer.timings_ms["first_token"] <= answer.timings_ms["first_text"] <= answer.timings_ms["total"]
 
 
 def test_an_empty_question_is_a_query_error(indexed: store.Connection, settings: Settings) -> None:
@@ -301,7 +306,7 @@ def guide_db(tmp_path_factory: pytest.TempPathFactory, real_embedder: Any) -> Pa
 
 @pytest.mark.slow
 def test_real_model_answers_a_guide_question_with_a_valid_citation(
-    guide_db: Path, real_embedder: Any, real_llm: Any  # noqa: F811
+    guide_db: Path, real_embedder: Any, real_llm: Any
 ) -> None:
     settings = load_settings(db_path=guide_db)
     answer = ask("What happens to markers that point outside the list of sources?", db=guide_db,
@@ -321,22 +326,46 @@ def test_real_pipeline_refuses_off_topic_without_the_model(guide_db: Path, real_
     assert answer.status == "no_answer" and not answer.llm_called
 
 
-def test_an_llm_reranker_shares_the_callers_model_and_lock(
+def test_an_llm_reranker_shares_the_callers_model(
     indexed: store.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
-
     from rag import rerank
 
     built: dict[str, Any] = {}
 
-    def fake_load_reranker(settings: Settings, llm_loader: Any = None, lock: Any = None) -> rerank.Reranker:
+    def fake_load_reranker(settings: Settings, llm_loader: Any = None) -> rerank.Reranker:
         built["llm"] = llm_loader(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
-        built["lock"] = lock
         return rerank.NoReranker()
 
     monkeypatch.setattr(rerank, "load_reranker", fake_load_reranker)
-    llm, lock = FakeLLM(GARAGE_ANSWER), threading.Lock()
-    answer = run(indexed, settings.replace(rerank="llm"), GARAGE_Q, llm, lock=lock)
-    assert built["llm"] is llm and built["lock"] is lock  # not a second model, not an unguarded one
-    assert answer.status == "answered"
+    llm = FakeLLM(GARAGE_ANSWER)
+    answer = run(indexed, settings.replace(rerank="llm"), GARAGE_Q, llm)
+    assert built["llm"] is llm  # not a second model
+    assert answer.status == "answered" and answer.trace["stage"] == "rerank"
+
+
+def test_an_injected_reranker_is_used_even_when_settings_name_none(
+    indexed: store.Connection, settings: Settings
+) -> None:
+    from rag import rerank
+
+    class Reverse:
+        name = "reverse"
+
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def rank(self, query: str, hits: Any) -> list[Hit]:
+            self.seen = [h.chunk_id for h in hits]
+            return [dataclasses.replace(h, rerank_score=float(i)) for i, h in enumerate(reversed(hits))]
+
+    reranker = Reverse()
+    assert isinstance(reranker, rerank.Reranker)
+    answer = run(indexed, settings.replace(rerank="none", max_distance=2.0), GARAGE_Q, FakeLLM(GARAGE_ANSWER),
+                 reranker=reranker, generate=False)
+    assert reranker.seen, "the injected reranker was not called"
+    assert len(reranker.seen) <= settings.rerank_depth
+    assert answer.trace["stage"] == "rerank" and "rerank" in answer.timings_ms
+    kept = [h.chunk_id for h in answer.hits]
+    assert kept == list(reversed(reranker.seen))[: len(kept)]
+    assert all(h.rerank_score is not None for h in answer.hits)

