@@ -13,9 +13,11 @@ from rag import ui
 from rag.errors import RagError
 from rag.ingest import (
     IngestReport,
+    check_ingest_root,
     delete_documents,
     document_statuses,
     ingest,
+    ingest_roots,
     reindex,
     retry_failed_documents,
     save_uploads,
@@ -69,8 +71,12 @@ with ui.frame() as view:
         uploads = st.file_uploader("Files", accept_multiple_files=True, key="uploads")
         upload_clicked = st.button("Index uploaded files", disabled=not uploads, type="primary")
     with folder_tab:
-        folder = st.text_input("Folder or file path on this machine", placeholder="/home/me/notes")
-        folder_clicked = st.button("Ingest folder", disabled=not folder.strip(), type="primary")
+        roots = ingest_roots(settings)
+        folder = st.text_input("Folder or file path on this machine", placeholder="/home/me/notes",
+                               disabled=not roots)
+        st.caption("Allowed folders: " + (", ".join(f"`{r}`" for r in roots) if roots else
+                                          "none (ingest_roots in rag.toml is empty)"))
+        folder_clicked = st.button("Ingest folder", disabled=not (roots and folder.strip()), type="primary")
 
     if upload_clicked or folder_clicked:
         try:
@@ -81,7 +87,7 @@ with ui.frame() as view:
                 for message in refused:
                     ui.flash("error", f"Not indexed: {message}")
             else:
-                paths = [folder.strip()]
+                paths = [check_ingest_root(folder, settings)]
             if paths:
                 model, note = ui.ingest_embedder(view.conn, settings, target, choice, paths)
                 if note:

@@ -31,9 +31,10 @@ with ui.frame() as view:
         ui.stop_on(e)
 
     text = doc["canonical_text"] or ""
-    st.subheader(doc["title"] or doc["source"])
-    st.caption(f"{doc['source']} · collection {doc['collection']} · "
-               f"readable by {', '.join(access.document_groups(doc))}")
+    # A document's title and path are its author's text: never Markdown (a planted [x](http://…) stays text).
+    st.subheader(ui.escape_markdown(doc["title"] or doc["source"]))
+    st.caption(ui.escape_markdown(f"{doc['source']} · collection {doc['collection']} · "
+                                  f"readable by {', '.join(access.document_groups(doc))}"))
     try:
         passage = access.parse_range(params.get("from"), params.get("to"), len(text))
     except RagError as e:

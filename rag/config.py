@@ -35,6 +35,10 @@ class Settings:
     # "minilm-fp32" | "e5" | "auto" | path to a sentence-transformers dir
     embedder: str = "minilm"
     strategy: str = "E"  # chunking strategy A-F or R (see rag.chunking)
+    # Folders the Documents page may ingest from ("Ingest a folder"), separated by os.pathsep (":" on
+    # Linux); "" turns folder ingest off in the app. The page reads files on the server, so any
+    # visitor could otherwise index (and then read) any file it can reach. The CLI is not limited.
+    ingest_roots: str = "~"
     chunk_tokens: int = 0  # chunk budget in the embedder's tokens, header included; 0 = model default
     embed_batch: int = 32  # passages per embedding call
     # --- retrieval ---

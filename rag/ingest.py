@@ -11,6 +11,7 @@ import fnmatch
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -287,6 +288,29 @@ def save_uploads(files: Sequence[Any], folder: Path) -> tuple[list[Path], list[s
         path.write_bytes(upload.getvalue())
         saved.append(path)
     return saved, refused
+
+
+def ingest_roots(settings: Settings) -> list[Path]:
+    """The folders the app may ingest from (``settings.ingest_roots``), resolved."""
+    return [Path(part).expanduser().resolve() for part in settings.ingest_roots.split(os.pathsep) if part.strip()]
+
+
+def check_ingest_root(raw: str, settings: Settings) -> Path:
+    """``raw`` resolved, when it lies inside one of the allowed ingest roots (symlinks followed).
+
+    Raises:
+        RagError: folder ingest is off, or the path lies outside every allowed root.
+    """
+    roots = ingest_roots(settings)
+    if not roots:
+        raise RagError("ingesting a folder from the app is off (ingest_roots is empty): upload the files, or "
+                       "set ingest_roots in rag.toml")
+    path = Path(raw.strip()).expanduser().resolve()
+    if not any(path == root or root in path.parents for root in roots):
+        allowed = ", ".join(str(r) for r in roots)
+        raise RagError(f"{path} is outside the folders the app may read ({allowed}); add its folder to "
+                       "ingest_roots in rag.toml, or use `rag ingest` on the command line")
+    return path
 
 
 # ---------------------------------------------------------------------------------------------

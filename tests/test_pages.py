@@ -168,7 +168,10 @@ def test_documents_page_lists_statuses_with_the_failure_reason(guide_db: Path) -
     assert at.button[2].label == "Retry failed (1)"  # after the two "add" buttons
 
 
-def test_documents_page_ingests_a_folder_and_reports_it(guide_db: Path, tmp_path: Path) -> None:
+def test_documents_page_ingests_a_folder_and_reports_it(
+    guide_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAG_INGEST_ROOTS", str(tmp_path))
     extra = tmp_path / "extra"
     extra.mkdir()
     (extra / "vpn.md").write_text("# VPN\n\nThe VPN gateway is vpn.example.org.\n", encoding="utf-8")
@@ -203,12 +206,37 @@ def test_documents_page_retries_failed_documents_and_reports_why_they_still_fail
     assert at.button[2].label == "Retry failed (1)"
 
 
-def test_documents_page_reports_a_missing_folder(guide_db: Path, tmp_path: Path) -> None:
+def test_documents_page_reports_a_missing_folder(
+    guide_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAG_INGEST_ROOTS", str(tmp_path))
     at = run_page("pages/documents.py")
     at.text_input[1].input(str(tmp_path / "nowhere")).run()
     at.button[1].click().run()
     assert not at.exception
     assert "no such file or folder" in texts(at)
+
+
+def test_documents_page_reads_folders_only_inside_the_allowed_roots(
+    guide_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    secret = tmp_path / "etc"
+    secret.mkdir()
+    (secret / "passwd.txt").write_text("root:x:0:0\n", encoding="utf-8")
+    (allowed / "escape").symlink_to(secret)
+    monkeypatch.setenv("RAG_INGEST_ROOTS", str(allowed))
+    for attempt in (secret, allowed / "escape", allowed / ".." / "etc"):
+        at = run_page("pages/documents.py")
+        at.text_input[1].input(str(attempt)).run()
+        at.button[1].click().run()
+        assert not at.exception
+        assert "is outside the folders the app may read" in texts(at), attempt
+    assert "passwd.txt" not in list(at.dataframe[0].value["document"])
+    monkeypatch.setenv("RAG_INGEST_ROOTS", "")
+    at = run_page("pages/documents.py")
+    assert at.text_input[1].disabled and "none (ingest_roots in rag.toml is empty)" in texts(at)
 
 
 def test_documents_page_deletes_a_document(guide_db: Path) -> None:
@@ -265,6 +293,25 @@ def test_source_view_highlights_the_cited_range(guide_db: Path) -> None:
 
     assert html.escape(content) in body.split('<mark id="rag-passage"', 1)[1]
     assert "scrollIntoView" in body
+
+
+def test_source_view_shows_a_planted_markdown_title_as_text(
+    guide_db: Path, fake_models: FakeEmbedder, tmp_path: Path
+) -> None:
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "trap.md").write_text("---\ntitle: '[click me](http://evil.example/x)'\n---\n\nBody text.\n",
+                                     encoding="utf-8")
+    settings = load_settings()
+    conn = store.open_db(settings.db_path)
+    try:
+        ingest(conn, [planted], settings=settings, embedder=fake_models)
+        doc = conn.execute("SELECT id FROM documents WHERE source = 'trap.md'").fetchone()["id"]
+    finally:
+        conn.close()
+    at = run_page("pages/source.py", document=str(doc))
+    heading = at.subheader[0].value
+    assert heading.startswith("\\[click me\\](")  # brackets escaped: Markdown draws no link
 
 
 def test_source_view_refuses_an_admin_document_to_a_public_reader(guide_db: Path) -> None:
