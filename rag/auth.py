@@ -331,10 +331,12 @@ def disable_user(conn: store.Connection, name: str, *, actor: User | None = None
 
 
 def enable_user(conn: store.Connection, name: str, *, actor: User | None = None) -> User:
+    """Let a user sign in again; this also lifts a lockout of their name."""
     _require_manager(actor)
     user = require_user(conn, name)
     with store.transaction(conn):
         _update_user(conn, user.id, "disabled", 0)
+        conn.execute("DELETE FROM sign_in_failures WHERE name_hash = ?", (_name_hash(user.name),))
         record(conn, actor, "user_enable", {"name": user.name})
     return require_user(conn, name)
 

@@ -679,6 +679,8 @@ def read_password(stdin: Any = None, prompt: str = "Password: ") -> str:
     import getpass
 
     stream = stdin or sys.stdin
+    if stream is None:  # started with no standard input at all
+        raise RagError("no password on standard input: run at a terminal to be asked, or pipe one line")
     if stream.isatty():
         first = getpass.getpass(prompt)
         if getpass.getpass("Again: ") != first:
@@ -791,7 +793,7 @@ def _add_users_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     c = usub.add_parser("disable", help="stop a user from signing in and end their sessions")
     c.add_argument("name")
     c.set_defaults(users_handler=cmd_users_disable)
-    c = usub.add_parser("enable", help="let a disabled user sign in again")
+    c = usub.add_parser("enable", help="let a disabled user sign in again (also lifts a sign-in lockout)")
     c.add_argument("name")
     c.set_defaults(users_handler=cmd_users_enable)
     c = usub.add_parser("list", help="list users with role, groups and state")

@@ -226,8 +226,12 @@ def test_lockout_after_n_failures_refuses_even_the_right_password_until_it_ends(
     assert auth.authenticate(conn, "alice", PASSWORD, T0 + timedelta(seconds=61), POLICY).user == alice
     # a success forgets the failures: four new ones do not lock
     assert [type(e) for e in fail(conn, "alice", T0 + timedelta(minutes=2), times=4)] == [AuthError] * 4
+    # an admin lifts a lock with enable_user (`rag users enable NAME`)
+    assert isinstance(fail(conn, "alice", T0 + timedelta(minutes=3))[0], LockedOutError)
+    auth.enable_user(conn, "alice")
+    assert auth.authenticate(conn, "alice", PASSWORD, T0 + timedelta(minutes=3), POLICY).user.name == "alice"
     actions = [r.action for r in auth.audit_rows(conn, user="alice")]
-    assert actions.count("sign_in_failed") == 9 and actions.count("sign_in_locked") == 1
+    assert actions.count("sign_in_failed") == 10 and actions.count("sign_in_locked") == 1
 
 
 def test_back_off_doubles_with_each_further_failure_up_to_the_window(conn: store.Connection,
@@ -475,3 +479,15 @@ def test_parse_since_accepts_dates_and_times() -> None:
     assert auth.parse_since("2026-03-01T11:30+02:00") == datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
     with pytest.raises(RagError, match="not a date"):
         auth.parse_since("last week")
+
+
+def test_team_mode_doc_covers_every_setting_command_and_the_threat_model() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "team-mode.md").read_text(encoding="utf-8")
+    for name in ("auth", "session_idle_minutes", "lockout_failures", "lockout_minutes", "audit_retention_days"):
+        assert f"`{name}`" in doc, name
+    for command in ("rag users add", "rag users passwd", "rag users groups", "rag users role", "rag users disable",
+                    "rag users enable", "rag users list", "rag audit --since", "rag audit prune", "rag serve --team"):
+        assert command in doc, command
+    assert "## What team mode protects against" in doc and "It does not protect against:" in doc
+    assert "docs/team-mode.md" in (Path(__file__).resolve().parent.parent / "docs" / "guide" /
+                                   "permissions.md").read_text(encoding="utf-8")
