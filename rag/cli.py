@@ -809,8 +809,15 @@ def cmd_audit_channels(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
-    p = sub.add_parser("audit", help="measure the pipeline without a model run (cuts, channels)")
-    asub = p.add_subparsers(dest="audit_command", required=True, metavar="{cuts,channels}")
+    p = sub.add_parser(
+        "audit", help="the team-mode audit log (default; prune), or measure the pipeline (cuts, channels)",
+        description="rag audit [--since DATE] [--user NAME] [--csv FILE] | rag audit prune | "
+                    "rag audit cuts FILE | rag audit channels",
+    )
+    _audit_log_options(p)
+    p.set_defaults(audit_handler=cmd_audit_log)
+    asub = p.add_subparsers(dest="audit_command", metavar="{cuts,channels,prune}")
+    _add_audit_prune_parser(asub)
     c = asub.add_parser("cuts", help="how many chunk cuts fall outside paragraph and sentence boundaries (seed 004)")
     c.add_argument("file", help="a document (.md .txt .html .pdf)")
     c.add_argument("--strategy", choices=list("ABCDEFR"), default="E", help="chunking strategy (default E)")
@@ -830,6 +837,269 @@ def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     c.add_argument("--json", action="store_true", help="print the audit as JSON")
     c.set_defaults(audit_handler=cmd_audit_channels)
     handlers["audit"] = cmd_audit
+
+
+# ---------------------------------------------------------------------------------------------
+# Team mode (issue 20): `rag users ...`, `rag audit [--since D] [--user U] [--csv F]`, `rag audit
+# prune`, `rag serve [--team]`. Passwords come from a terminal prompt or one line of standard
+# input, never from the command line (argv is visible to every user of the machine in `ps`).
+
+
+def read_password(stdin: Any = None, prompt: str = "Password: ") -> str:
+    """The password: typed twice at a terminal (getpass), else the first line of standard input."""
+    import getpass
+
+    stream = stdin or sys.stdin
+    if stream is None:  # started with no standard input at all
+        raise RagError("no password on standard input: run at a terminal to be asked, or pipe one line")
+    if stream.isatty():
+        first = getpass.getpass(prompt)
+        if getpass.getpass("Again: ") != first:
+            raise RagError("the two passwords differ; nothing was changed")
+        return first
+    line = stream.readline()
+    if not line:
+        raise RagError("no password on standard input: run at a terminal to be asked, or pipe one line")
+    return line.removesuffix("\n").removesuffix("\r")
+
+
+def _user_line(user: Any) -> str:
+    state = "disabled" if user.disabled else "active"
+    return f"{user.name:20} {user.role:7} {state:8} groups: {', '.join(user.groups)}"
+
+
+def cmd_users(args: argparse.Namespace, settings: Settings) -> int:
+    handler: Handler = args.users_handler
+    return handler(args, settings)
+
+
+def cmd_users_add(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    name = auth.check_name(args.name)
+    conn = _open(settings, create=True)
+    if auth.get_user(conn, name) is not None:  # before the prompt: no password typed for nothing
+        raise RagError(f"a user named {name!r} already exists (change it with `rag users passwd|groups|role`)")
+    user = auth.add_user(conn, name, read_password(), role=args.role, groups=_groups(args.groups))
+    print(f"added {_user_line(user)}")
+    return 0
+
+
+def cmd_users_passwd(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    conn = _open(settings)
+    user = auth.require_user(conn, args.name)
+    auth.set_password(conn, user.name, read_password(prompt=f"New password for {user.name}: "))
+    print(f"password changed for {user.name}; their sessions have ended")
+    return 0
+
+
+def cmd_users_groups(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    print(f"updated {_user_line(auth.set_groups(_open(settings), args.name, _groups(args.groups)))}")
+    return 0
+
+
+def cmd_users_role(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    print(f"updated {_user_line(auth.set_role(_open(settings), args.name, args.role))}")
+    return 0
+
+
+def cmd_users_disable(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    print(f"disabled {_user_line(auth.disable_user(_open(settings), args.name))}; their sessions have ended")
+    return 0
+
+
+def cmd_users_enable(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    print(f"enabled {_user_line(auth.enable_user(_open(settings), args.name))}")
+    return 0
+
+
+def cmd_users_list(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    users = auth.list_users(_open(settings))
+    if args.json:
+        print_json(users)
+        return 0
+    if not users:
+        print("no users: add the first admin with `rag users add NAME --role admin`")
+    for user in users:
+        print(_user_line(user))
+    return 0
+
+
+def _add_users_parser(sub: Any, handlers: dict[str, Handler]) -> None:
+    roles = ["reader", "editor", "admin"]  # rag.auth.ROLES, without importing argon2 here
+    p = sub.add_parser("users", help="team mode: add users, set passwords, groups and roles, disable, list",
+                       description="Passwords are read from a terminal prompt, or as one line of standard "
+                                   "input when it is not a terminal; never from the command line.")
+    usub = p.add_subparsers(dest="users_command", required=True,
+                            metavar="{add,passwd,groups,role,disable,enable,list}")
+    c = usub.add_parser("add", help="add a user (the password is prompted for, or read from stdin)")
+    c.add_argument("name")
+    c.add_argument("--groups", default="all", help="groups whose documents the user may read, comma-separated "
+                                                   "(default: all, the public documents only)")
+    c.add_argument("--role", choices=roles, default="reader", help="reader (default), editor or admin")
+    c.set_defaults(users_handler=cmd_users_add)
+    c = usub.add_parser("passwd", help="set a new password (prompted for, or read from stdin); ends sessions")
+    c.add_argument("name")
+    c.set_defaults(users_handler=cmd_users_passwd)
+    c = usub.add_parser("groups", help="replace a user's groups")
+    c.add_argument("name")
+    c.add_argument("--groups", required=True, help="comma-separated groups")
+    c.set_defaults(users_handler=cmd_users_groups)
+    c = usub.add_parser("role", help="change a user's role")
+    c.add_argument("name")
+    c.add_argument("role", choices=roles)
+    c.set_defaults(users_handler=cmd_users_role)
+    c = usub.add_parser("disable", help="stop a user from signing in and end their sessions")
+    c.add_argument("name")
+    c.set_defaults(users_handler=cmd_users_disable)
+    c = usub.add_parser("enable", help="let a disabled user sign in again (also lifts a sign-in lockout)")
+    c.add_argument("name")
+    c.set_defaults(users_handler=cmd_users_enable)
+    c = usub.add_parser("list", help="list users with role, groups and state")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(users_handler=cmd_users_list)
+    for action in usub.choices.values():
+        action.add_argument("--db", help="database file (default: RAG_DB or <data dir>/rag.db)")
+    handlers["users"] = cmd_users
+
+
+def _audit_summary(row: Any) -> str:
+    detail = dict(row.detail)
+    if row.action == "ask":
+        cited = ", ".join(str(c.get("source")) for c in detail.get("cited", []))
+        preview = f" (viewing as {', '.join(detail.get('groups', []))})" if detail.get("preview") else ""
+        return f"{detail.get('question', '')!r} -> {detail.get('status')}{preview}" + (f"; cited {cited}" if cited
+                                                                                        else "")
+    return json.dumps(detail, ensure_ascii=False, sort_keys=True) if detail else ""
+
+
+def cmd_audit_log(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    since = auth.parse_since(args.since) if args.since else None
+    rows = auth.audit_rows(_open(settings), since, user=args.user, action=args.action)
+    if args.csv:
+        text = auth.export_csv(rows)
+        if args.csv == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.csv).write_text(text, encoding="utf-8", newline="")
+            print(f"wrote {len(rows)} audit rows to {args.csv}", file=sys.stderr)
+        return 0
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        print("no audit rows" + (" for these filters" if since or args.user or args.action else ""))
+    for row in rows:
+        print(f"{row.at}  {row.user or '-':16} {row.action:15} {_audit_summary(row)}")
+    return 0
+
+
+def cmd_audit_prune(args: argparse.Namespace, settings: Settings) -> int:
+    from rag import auth
+
+    days = settings.audit_retention_days if args.days is None else args.days
+    if days < 0:
+        raise RagError(f"--days must be 0 (keep everything) or more (got {days})")
+    deleted = auth.prune_audit(_open(settings), days)
+    kept = "kept everything (retention 0 = keep all)" if days == 0 else f"deleted {deleted} rows older than {days} days"
+    print(f"audit log: {kept}")
+    return 0
+
+
+def _audit_log_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", help="database file (default: RAG_DB or <data dir>/rag.db)")
+    p.add_argument("--since", help="only rows from this date or time on (YYYY-MM-DD or ISO date-time, UTC)")
+    p.add_argument("--user", help="only this user's rows")
+    p.add_argument("--action", help="only this action (ask, sign_in, sign_in_failed, user_add, ...)")
+    p.add_argument("--csv", metavar="FILE", help="write the rows as CSV to FILE ('-': stdout)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def _add_audit_prune_parser(asub: Any) -> None:
+    c = asub.add_parser("prune", help="delete audit rows older than the retention (settings audit_retention_days)")
+    # SUPPRESS: a --db given before `prune` (rag audit --db F prune) is not reset by this parser's default.
+    c.add_argument("--db", default=argparse.SUPPRESS, help="database file (default: RAG_DB or <data dir>/rag.db)")
+    c.add_argument("--days", type=int, help="retention in days (default: settings audit_retention_days, 365)")
+    c.set_defaults(audit_handler=cmd_audit_prune)
+
+
+Launcher = Callable[[list[str], dict[str, str]], int]
+
+
+def app_script() -> Path:
+    """The Streamlit entry point (app.py in the repository)."""
+    return Path(__file__).resolve().parent.parent / "app.py"
+
+
+def streamlit_command(app: Path, port: int | None = None) -> list[str]:
+    # No file watcher: it would watch .venv too (thousands of inotify events under load), as in `make run`.
+    command = [sys.executable, "-m", "streamlit", "run", str(app), "--server.fileWatcherType", "none"]
+    return command + (["--server.port", str(port)] if port else [])
+
+
+def launch_streamlit(command: list[str], env: dict[str, str]) -> int:
+    """Run Streamlit in the foreground until it stops (Ctrl+C); its exit status."""
+    import subprocess
+
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings, launch: Launcher | None = None) -> int:
+    import os
+
+    team = bool(args.team or settings.auth)
+    db_flag = f" --db {args.db}" if args.db else ""
+    if team:
+        from rag import auth, store
+
+        has_admin = False
+        if Path(settings.db_path).is_file():
+            conn = store.open_db(settings.db_path, create=False)
+            try:
+                has_admin = auth.has_admin(conn)
+            finally:
+                conn.close()
+        if not has_admin:
+            raise RagError(f"team mode needs an admin and {settings.db_path} has none; create one first:\n"
+                           f"    rag users add NAME --role admin{db_flag}")
+    app = app_script()
+    if not app.is_file():
+        raise RagError(f"the app is missing ({app}); run from a clone of the repository")
+    env = dict(os.environ)
+    if team:
+        env["RAG_AUTH"] = "1"
+    if args.db:
+        env["RAG_DB"] = str(Path(args.db).expanduser().resolve())
+    print(f"serving {'team mode (sign-in required)' if team else 'desktop mode (no sign-in)'} on "
+          f"{settings.db_path}", file=sys.stderr)
+    return (launch or launch_streamlit)(streamlit_command(app, args.port), env)
+
+
+def _add_serve_parser(sub: Any, handlers: dict[str, Handler]) -> None:
+    p = sub.add_parser("serve", help="start the app (streamlit run app.py); --team requires a sign-in")
+    p.add_argument("--db", help="database file (default: RAG_DB or <data dir>/rag.db)")
+    p.add_argument("--team", action="store_true", help="team mode: every page needs a sign-in (as auth = true "
+                                                        "in rag.toml); refused until an admin exists")
+    p.add_argument("--port", type=int, help="port (default: Streamlit's, 8501)")
+    handlers["serve"] = cmd_serve
 
 
 # ---------------------------------------------------------------------------------------------
@@ -927,6 +1197,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     _add_ask_parser(sub, handlers)
     _add_audit_parser(sub, handlers)
     _add_bench_parser(sub, handlers)
+    _add_users_parser(sub, handlers)
+    _add_serve_parser(sub, handlers)
 
     return parser, handlers
 

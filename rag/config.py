@@ -84,6 +84,12 @@ class Settings:
     # --- verification ---
     support_threshold: float = 0.5  # share of a sentence's content words in 2 adjacent sentences of a cited source
     show_unsupported: bool = False  # show dropped sentences struck through instead of hiding
+    # --- team mode (rag.auth, docs/guide/permissions.md) ---
+    auth: bool = False  # team mode: every page needs a sign-in (also `rag serve --team`, RAG_AUTH=1)
+    session_idle_minutes: int = 60  # a session unused this long ends; each use restarts the count
+    audit_retention_days: int = 365  # `rag audit prune` deletes audit rows older than this; 0 = keep all
+    lockout_failures: int = 5  # failed sign-ins in a row for one name before it is locked (1 min, doubling)
+    lockout_minutes: int = 15  # failures are forgotten after this long without one; also the longest lock
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (fields are validated again)."""
@@ -136,9 +142,12 @@ def validate(settings: Settings) -> Settings:
     if not 0.0 <= settings.max_distance <= 2.0:
         raise RagError(f"max_distance must lie in [0, 2] (got {settings.max_distance})")
     for name in ("candidates", "top_k", "max_sources", "rrf_k", "n_ctx", "max_tokens", "embed_batch",
-                 "hamming_oversample"):
+                 "hamming_oversample", "session_idle_minutes", "lockout_failures", "lockout_minutes"):
         if getattr(settings, name) < 1:
             raise RagError(f"{name} must be at least 1 (got {getattr(settings, name)})")
+    if settings.audit_retention_days < 0:
+        raise RagError("audit_retention_days must be 0 (keep everything) or more "
+                       f"(got {settings.audit_retention_days})")
     return settings
 
 

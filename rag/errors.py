@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class RagError(Exception):
     """Base class: the message is meant for the person using the tool."""
@@ -33,3 +35,19 @@ class NotFoundError(RagError):
 
 class StorageError(RagError):
     """The database file cannot be used as it is; the message names the file and the fix."""
+
+
+class AuthError(RagError):
+    """Team mode refused a sign-in (wrong name or password, a disabled account) or a user change."""
+
+
+class LockedOutError(AuthError):
+    """Too many failed sign-ins for one name: ``retry_at`` (UTC) says when to try again."""
+
+    def __init__(self, message: str, retry_at: datetime) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at
+
+
+class PermissionDeniedError(RagError):
+    """The signed-in user's role does not allow the action."""

@@ -80,7 +80,10 @@ def test_cli_audit_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["audit", "cuts", str(tmp_path / "missing.txt"), "--size", "100"]) == 1
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["audit"])  # the audit name is required (room for `rag audit channels` later)
+        main(["audit", "nope"])  # an unknown audit name
+    # A bare `rag audit` shows the team-mode audit log (tests/test_cli_users.py): here no database exists.
+    assert main(["audit"]) == 1
+    assert "no database" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
