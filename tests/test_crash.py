@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rag import store
 from rag.config import load_settings
 from rag.ingest import ingest
@@ -60,6 +62,7 @@ def check_consistent(db: Path, versions: list[dict[str, str]]) -> dict[str, int]
     return seen
 
 
+@pytest.mark.slow
 def test_kill_minus_nine_at_random_points_never_leaves_half_a_document(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     v1 = write_corpus(corpus, "v1")
@@ -98,3 +101,46 @@ def test_kill_minus_nine_at_random_points_never_leaves_half_a_document(tmp_path:
     # the kill points really did land in different places: update runs killed after some but not all
     # documents mixed old and new versions
     assert any(update and 0 in seen and 1 in seen for update, _, seen in outcomes), outcomes
+
+
+@pytest.mark.slow
+def test_readers_never_see_half_a_document_during_a_full_reingest(tmp_path: Path) -> None:
+    """A real writer process re-ingests every document while this process searches without pause."""
+    from rag.retrieval import search
+
+    corpus = tmp_path / "corpus"
+    v1 = write_corpus(corpus, "v1")
+    db = tmp_path / "live.db"
+    conn = store.open_db(db)
+    settings = load_settings(db_path=db)
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    v2 = write_corpus(corpus, "v2")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    writer = subprocess.Popen([sys.executable, "-m", "tests.crash_ingest", str(db), str(corpus)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "started"
+    searches = 0
+    deadline = time.monotonic() + 60  # bounded: the writer needs ~2 s; a stuck one fails the test
+    try:
+        while writer.poll() is None and time.monotonic() < deadline:
+            hits = search(conn, "Document paragraph", embedder=FakeEmbedder(), settings=settings, stage="hybrid",
+                          k=20)
+            searches += 1
+            conn.execute("BEGIN")  # one snapshot for the whole check
+            try:
+                for document_id in {h.document_id for h in hits}:
+                    row = conn.execute("SELECT * FROM documents WHERE id = ?", (document_id,)).fetchone()
+                    if row is None:
+                        continue  # replaced after the search: the next search sees the new one
+                    assert row["canonical_text"] in (v1[row["source"]], v2[row["source"]])
+                    chunks = store.chunk_rows(conn, row["id"])
+                    assert len(chunks) == row["chunk_count"] > 0
+                    assert all(row["canonical_text"][c["char_from"]:c["char_to"]] == c["content"] for c in chunks)
+            finally:
+                conn.execute("COMMIT")
+    finally:
+        writer.wait(timeout=60)
+    assert writer.returncode == 0 and searches > 5
+    final = check_consistent(db, [v1, v2])
+    assert set(final.values()) == {1}  # every document reached its new version
+    conn.close()
