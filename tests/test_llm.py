@@ -14,6 +14,7 @@ from rag.errors import ModelLoadError
 from rag.llm import (
     GEMMA_STOP,
     GEMMA_TURNS,
+    PREFILL_BLOCK,
     LanguageModel,
     LlamaCppModel,
     TurnFormat,
@@ -96,6 +97,17 @@ class StubLlama:
         self.adapter: LlamaCppModel | None = None
         self.held: list[bool] = []
         self.closed = False
+        self.input_ids = [0] * 512  # the KV cache's tokens: positions [0, n_tokens) are valid
+        self.n_tokens = 0
+        self.evals: list[tuple[int, int]] = []  # (first position, batch size) of every eval()
+
+    def reset(self) -> None:
+        self.n_tokens = 0
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        self.evals.append((self.n_tokens, len(tokens)))
+        self.input_ids[self.n_tokens : self.n_tokens + len(tokens)] = list(tokens)
+        self.n_tokens += len(tokens)
 
     def n_ctx(self) -> int:
         return 512
@@ -166,6 +178,28 @@ def test_calling_the_model_from_inside_its_own_stream_is_an_error_not_a_deadlock
     assert model.tokenize("x") == [10]
 
 
+def test_prompts_are_evaluated_in_the_same_aligned_blocks_whatever_the_cache_holds(
+    stub: tuple[StubLlama, LlamaCppModel],
+) -> None:
+    llama, model = stub
+    block = PREFILL_BLOCK
+    prompt = list(range(100, 100 + 3 * block + 5))  # 3 whole blocks, then 5 tokens for create_completion
+    list(model.stream(prompt, max_tokens=3, stop=[]))
+    assert llama.evals == [(0, block), (block, block), (2 * block, block)] and llama.n_tokens == 3 * block
+    llama.evals.clear()
+    list(model.stream(prompt, max_tokens=3, stop=[]))  # the same prompt: every block reused
+    assert llama.evals == [] and llama.n_tokens == 3 * block
+    changed = [*prompt[: 2 * block + 3], 7, *prompt[2 * block + 4 :]]  # differs inside the third block
+    list(model.stream(changed, max_tokens=3, stop=[]))
+    assert llama.evals == [(2 * block, block)]  # the first two blocks reused, the third evaluated again
+    llama.evals.clear()
+    list(model.stream([1, *prompt], max_tokens=3, stop=[]))  # differs at once: evaluated from an empty cache
+    assert llama.evals == [(0, block), (block, block), (2 * block, block)]
+    llama.evals.clear()
+    list(model.stream(prompt[:block], max_tokens=3, stop=[]))  # one block or less: no block evaluated here
+    assert llama.evals == [] and llama.n_tokens == 0
+
+
 def test_close_frees_the_model(stub: tuple[StubLlama, LlamaCppModel]) -> None:
     llama, model = stub
     model.close()
@@ -217,6 +251,46 @@ def test_bundled_gemma_streams_greedily_and_stops(real_llm: Any) -> None:
     stopped, finishes = run([cut], 12)
     assert cut not in stopped and capped.startswith(stopped) and finishes[-1] == "stop"
     assert not real_llm.lock.locked()
+
+
+@pytest.mark.slow
+def test_the_same_question_gets_the_same_answer_cold_warm_and_on_a_fresh_model(
+    real_llm: Any, tmp_path: Any
+) -> None:
+    # Regression: with the prompt-prefix cache, a question asked a second time on the same model
+    # was evaluated in other batches and answered differently (a generated sentence cold, a quote warm).
+    from rag import ask, store
+    from rag.config import load_settings
+    from rag.embedding import load_embedder
+    from rag.ingest import ingest
+    from rag.llm import load_language_model
+
+    from .conftest import GUIDE
+
+    settings = load_settings(db_path=tmp_path / "guide.db")
+    embedder = load_embedder("minilm")
+    conn = store.open_db(settings.db_path)
+    try:
+        ingest(conn, [GUIDE], settings=settings, embedder=embedder)
+        other = "Which port does the app use by default?"
+        question = "How do I start the app on another port?"
+
+        def raw(llm: Any, q: str) -> str:
+            answer = ask.ask(q, conn=conn, settings=settings, embedder=embedder, llm=llm)
+            assert answer.llm_called
+            return str(answer.trace["raw"])
+
+        first = raw(real_llm, question)
+        assert raw(real_llm, question) == first  # warm: the whole prompt is cached
+        raw(real_llm, other)
+        assert raw(real_llm, question) == first  # after another prompt shared most of the cache
+        fresh = load_language_model("", n_ctx=4096, threads=0, seed=1337)
+        try:
+            assert raw(fresh, question) == first  # a model that never saw it
+        finally:
+            fresh.close()
+    finally:
+        conn.close()
 
 
 @pytest.mark.slow
