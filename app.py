@@ -1,56 +1,107 @@
-"""Streamlit entry point and the Ask page: a question in, a streamed answer out, every [n] a link
-to the exact passage it cites.
+"""Streamlit entry point and the Ask page: a conversation with your documents. Every [n] of an
+answer links to the exact passage it cites.
 
 The other pages are the files of ``pages/``, found by Streamlit's pages-directory mechanism (no
 ``st.navigation``); each page, this one included, draws the shared frame with ``ui.frame()``.
 
-When nothing in the reader's documents is close enough, the page says so — with the best distance
-against the gate's threshold and the nearest passages — instead of letting the model guess.
+A follow-up question is made standalone before it is searched (``rag.conversation``), and the
+reader sees what was searched. The chat is kept in the database, per collection, so a reload
+shows it again. The page speaks the language of the question (``rag.messages``). When nothing in
+the reader's documents is close enough, it says so plainly and folds the closest passages below;
+the numbers (distance, ranks, timings, every hit) are behind each answer's Details.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from rag import ask, ui
+from rag import ask, conversation, ui
 from rag.errors import RagError
+from rag.messages import say
 
 with ui.frame() as view:
     settings = view.settings
+    if view.collections and settings.preload_models:
+        ui.warm_models(str(settings.db_path), view.collection, settings.llm_path, settings)
 
-    st.title("Ask")
-    st.caption(
-        f"Answers come only from the documents of “{view.collection}” that **{', '.join(view.groups)}** may read "
-        "(change *viewing as* in the sidebar). Click a [n] to open the passage it cites."
-    )
+    replaced = st.session_state.pop(ui.REPLACE_KEY, None)
+    if replaced is not None:  # "ask again": the last answer goes, its question is asked anew below
+        conversation.delete_turn(view.conn, replaced)
+    chat = ui.open_chat(view.conn, view.collection)
+    turns = conversation.chat_turns(view.conn, view.collection, chat)
+    stopped = st.session_state.pop(ui.ASKING_KEY, None)  # the last run was interrupted while answering
+    pending = st.session_state.pop(ui.PENDING_KEY, None)
+    language = turns[-1].answer.language if turns else "en"
+
+    title, new = st.columns([5, 1], vertical_alignment="bottom")
+    title.title(say(language, "title"))
+    new.button(say(language, "new_chat"), icon=":material/add_comment:", disabled=not turns, key="rag-new-chat",
+               on_click=ui.start_new_chat, args=(view.collection,))
+    st.caption(say(language, "caption", collection=view.collection, groups=", ".join(view.groups)))
     if not view.collections:
-        st.info("Nothing is indexed yet: add documents on the Documents page, or run `rag demo`.")
+        st.info(say(language, "nothing_indexed"))
         st.stop()
 
-    history: list[tuple[str, object, list[str]]] = st.session_state.setdefault("asked", [])
-    for turn, (asked, answer, groups) in enumerate(history):
+    for i, turn in enumerate(turns):
         with st.chat_message("user"):
-            st.markdown(ui.escape_markdown(asked))
+            ui.render_question(turn.question, turn.searched, turn.answer.language)
         with st.chat_message("assistant"):
-            ui.render_answer(answer, groups, turn)  # type: ignore[arg-type]
+            if not conversation.visible_to(turn, view.groups):
+                st.info(say(turn.answer.language, "hidden", groups=", ".join(turn.groups)))
+                continue
+            ui.render_answer(turn.answer, turn.groups, turn.id)
+            copy, again, _ = st.columns([1, 1, 4])
+            with copy.popover(say(turn.answer.language, "copy"), icon=":material/content_copy:",
+                              key=f"rag-copy-{turn.id}"):
+                st.caption(say(turn.answer.language, "copy_help"))
+                st.code(ui.answer_text(turn.answer), language=None, wrap_lines=True)
+            if i == len(turns) - 1 and not stopped:
+                again.button(say(turn.answer.language, "regenerate"), icon=":material/refresh:", key="rag-again",
+                             on_click=ui.queue_question, args=(turn.question, turn.id))
 
-    question = st.chat_input("Ask a question about your documents, e.g. How do I start the app on another port?")
-    if question:
-        with st.chat_message("user"):
-            st.markdown(ui.escape_markdown(question))
+    if stopped:
         with st.chat_message("assistant"):
+            st.info(say(language, "stopped"), icon=":material/stop_circle:")
+            st.button(say(language, "regenerate"), icon=":material/refresh:", key="rag-again-stopped",
+                      on_click=ui.queue_question, args=(stopped,))
+
+    if not turns and not stopped and not pending:
+        st.markdown(say(language, "indexed", documents=view.health.documents, collection=view.collection,
+                        chunks=view.health.chunks, model=view.stamp.embedder if view.stamp else "?"))
+        examples = conversation.example_questions(view.conn, view.collection, view.groups)
+        if examples:
+            st.caption(say(language, "examples"))
+            for n, example in enumerate(examples):
+                st.button(example, key=f"rag-example-{n}", icon=":material/chat:", on_click=ui.queue_question,
+                          args=(example,))
+
+    question = st.chat_input(say(language, "placeholder")) or pending
+    if question:
+        previous = [t.searched for t in turns if conversation.visible_to(t, view.groups)]
+        try:
+            model = ui.collection_embedder(view.conn, view.collection)
+            llm = ui.llm(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
+            rewrite = conversation.standalone_question(question, previous, method=settings.rewrite, llm=llm)
+        except RagError as e:
+            ui.stop_on(e)
+        with st.chat_message("user"):
+            ui.render_question(question, rewrite.searched, rewrite.language)
+        with st.chat_message("assistant"):
+            st.session_state[ui.ASKING_KEY] = question  # still set on the next run: this one was stopped
+            st.button(say(rewrite.language, "stop"), icon=":material/stop_circle:", key="rag-stop")
             try:
-                model = ui.collection_embedder(view.conn, view.collection)
-                llm = ui.llm(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
-                with st.spinner("Searching and writing…"):
-                    answer = ui.stream_answer(
-                        ask.ask_stream(
-                            question, settings=settings, groups=view.groups, collection=view.collection,
-                            embedder=model, llm=llm, conn=view.conn,
-                        )
-                    )
+                answer = ui.stream_answer(
+                    ask.ask_stream(
+                        rewrite.searched, settings=settings, groups=view.groups, collection=view.collection,
+                        embedder=model, llm=llm, conn=view.conn, language=rewrite.language,
+                    ),
+                    view.groups, rewrite.language,
+                )
             except RagError as e:
+                st.session_state.pop(ui.ASKING_KEY, None)
                 st.error(str(e))
             else:
-                history.append((question, answer, list(view.groups)))
-                st.rerun()  # draw it with its links, sources and timings, like every earlier answer
+                conversation.save_turn(view.conn, collection=view.collection, chat_id=chat, question=question,
+                                       searched=rewrite.searched, answer=answer, groups=view.groups)
+                st.session_state.pop(ui.ASKING_KEY, None)
+                st.rerun()  # draw it with its links, sources and details, like every earlier answer

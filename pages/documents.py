@@ -68,7 +68,9 @@ with ui.frame() as view:
 
     upload_tab, folder_tab = st.tabs(["Upload files", "Ingest a folder"])
     with upload_tab:
-        uploads = st.file_uploader("Files", accept_multiple_files=True, key="uploads")
+        # A new key after each indexing run empties the uploader: files left in it would be indexed again.
+        uploads = st.file_uploader("Files", accept_multiple_files=True,
+                                   key=f"uploads-{st.session_state.get('_rag_upload_round', 0)}")
         upload_clicked = st.button("Index uploaded files", disabled=not uploads, type="primary")
     with folder_tab:
         roots = ingest_roots(settings)
@@ -82,6 +84,7 @@ with ui.frame() as view:
         try:
             paths: list[str | Path]
             if upload_clicked:
+                st.session_state["_rag_upload_round"] = st.session_state.get("_rag_upload_round", 0) + 1
                 saved, refused = save_uploads(uploads or [], ui.uploads_folder())
                 paths = list(saved)
                 for message in refused:

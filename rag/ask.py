@@ -1,7 +1,8 @@
 """Ask a question: retrieve -> (rerank) -> gate -> generate -> verify, timed stage by stage.
 
-``ask()`` returns an ``Answer``; ``ask_stream()`` yields the answer's verified sentences as text
-while the model writes, then the final ``Answer``. Both share one code path, so what streams is
+``ask()`` returns an ``Answer``; ``ask_stream()`` yields a ``Retrieved`` event once the gate has
+run (the sources, before the model writes), the answer's verified sentences as text while the
+model writes, then the final ``Answer``. Both share one code path, so what streams is
 exactly the shown text of the final answer (with the default settings). Unverified model text is
 never yielded: a sentence is released only once it is complete, cited and supported.
 
@@ -24,7 +25,7 @@ from rag.embedding import Embedder, load_embedder
 from rag.generate import answer_stream, shared_llm, start_generation
 from rag.ingest import spec_for_model_id
 from rag.llm import LanguageModel
-from rag.models import Answer, Hit
+from rag.models import Answer, Hit, Retrieved
 from rag.rerank import LlmLoader, Reranker, rerank_hits
 from rag.retrieval import check_query, search
 from rag.text import detect_language
@@ -48,6 +49,7 @@ def ask(
     search_fn: SearchFn | None = None,
     reranker: Reranker | None = None,
     generate: bool = True,
+    language: str | None = None,
 ) -> Answer:
     """Answer ``question`` from the documents a reader holding ``groups`` may see.
 
@@ -66,6 +68,9 @@ def ask(
         reranker: a ``rag.rerank.Reranker``, used whenever given (even when ``settings.rerank`` is
             "none"); when None, the one ``settings.rerank`` names, if any.
         generate: False skips the model and answers with the extractive quote.
+        language: "en" or "vi", the language to answer in (default: detected from ``question``;
+            a chat passes the language of what the reader typed when it searches a rewritten
+            question).
 
     Returns:
         An ``Answer``: ``no_answer`` (the gate refused, the model was not called), ``answered``
@@ -78,7 +83,7 @@ def ask(
     final: Answer | None = None
     for item in ask_stream(
         question, db=db, conn=conn, settings=settings, groups=groups, collection=collection, embedder=embedder,
-        llm=llm, search_fn=search_fn, reranker=reranker, generate=generate,
+        llm=llm, search_fn=search_fn, reranker=reranker, generate=generate, language=language,
     ):
         if isinstance(item, Answer):
             final = item
@@ -100,13 +105,17 @@ def ask_stream(
     search_fn: SearchFn | None = None,
     reranker: Reranker | None = None,
     generate: bool = True,
-) -> Iterator[str | Answer]:
-    """Like ``ask()``, but yield text as verified sentences become available, then the ``Answer``.
+    language: str | None = None,
+) -> Iterator[str | Retrieved | Answer]:
+    """Like ``ask()``, but yield the gated sources, then text as verified sentences become
+    available, then the ``Answer``.
 
-    Every ``str`` item is a piece of the answer text (a supported sentence with its leading
-    separator); joined, they equal ``Answer.text`` of an ``answered`` answer when
-    ``show_unsupported`` is off. An ``extractive`` or ``no_answer`` answer streams no text. The
-    last item is always the ``Answer``, which is authoritative. Exhaust or close the iterator:
+    The first item is a ``Retrieved`` (the gate's kept and dropped hits), before the model is
+    called: a page can show the sources at once. Every ``str`` item is a piece of the answer
+    text (a supported sentence with its leading separator); joined, they equal ``Answer.text``
+    of an ``answered`` answer when ``show_unsupported`` is off. An ``extractive`` or
+    ``no_answer`` answer streams no text. The last item is always the ``Answer``, which is
+    authoritative. Exhaust or close the iterator:
     the model is busy (its lock held) while it generates.
     """
     started = time.perf_counter()
@@ -118,6 +127,7 @@ def ask_stream(
         yield from _ask_stream(
             question, conn=conn, settings=settings, groups=groups, collection=collection or settings.collection,
             embedder=embedder, llm=llm, search_fn=search_fn, reranker=reranker, generate=generate, started=started,
+            language=language,
         )
     finally:
         if own_conn:
@@ -146,9 +156,10 @@ def _ask_stream(
     reranker: Reranker | None,
     generate: bool,
     started: float,
-) -> Iterator[str | Answer]:
+    language: str | None,
+) -> Iterator[str | Retrieved | Answer]:
     timings: dict[str, float] = {}
-    language = detect_language(question)
+    language = language or detect_language(question)
     coll = store.get_collection(conn, collection)
     if embedder is None:
         model_id = store.require_collection(conn, collection).embedder
@@ -184,6 +195,7 @@ def _ask_stream(
         "language": language,
     }
     base = Answer(status="no_answer", question=question, text="", language=language, hits=kept, dropped=dropped)
+    yield Retrieved(hits=kept, dropped=dropped, language=language, timings_ms=dict(timings))
 
     if not kept:
         message = gate.no_answer_message(language, gate.best_distance(hits), threshold)

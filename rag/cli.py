@@ -715,7 +715,7 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     for piece in ask_stream(args.query, groups=_groups(args.groups), **options):
         if isinstance(piece, Answer):
             answer = piece
-        else:
+        elif isinstance(piece, str):  # the Retrieved event (sources before the answer) is not printed
             print(piece, end="", flush=True)
             streamed = True
     if answer is None:  # pragma: no cover - ask_stream always ends with the Answer

@@ -1,6 +1,7 @@
 """One frozen ``Settings`` object, built once (defaults <- TOML file <- environment).
 
 Nothing inside ``rag/`` reads globals or the environment after this: settings are passed down.
+``write_settings`` changes the file (the Settings page), validating the result before it writes.
 ``RAG_DATA_DIR`` moves the data directory (default ``~/.local/share/rag-desk``), so tests and
 demos can redirect everything with one variable; ``RAG_DB`` overrides the database file.
 """
@@ -8,6 +9,7 @@ demos can redirect everything with one variable; ``RAG_DB`` overrides the databa
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from dataclasses import dataclass
@@ -81,6 +83,14 @@ class Settings:
     seed: int = 1337  # fixed sampling seed
     repeat_penalty: float = 1.0  # llama.cpp repetition penalty; 1.0 = off (loops are cut by a guard instead)
     threads: int = 0  # llama.cpp threads; 0 = all cores
+    # --- conversation (the Ask page) ---
+    # How a follow-up ("And which port does it use?") becomes a standalone question to search:
+    # "rules" (the previous question's content words appended, ~0.1 ms), "model" (the language
+    # model rewrites it; 0.4-0.9 s with the bundled Gemma-3-270M, falling back to the rules) or "off".
+    rewrite: str = "rules"
+    # Load the collection's embedder and the language model in the background when the app starts,
+    # so the first question does not wait for them (the app's tests turn it off).
+    preload_models: bool = True
     # --- verification ---
     support_threshold: float = 0.5  # share of a sentence's content words in 2 adjacent sentences of a cited source
     show_unsupported: bool = False  # show dropped sentences struck through instead of hiding
@@ -137,6 +147,8 @@ def validate(settings: Settings) -> Settings:
         raise RagError(f"dense_mode must be 'exact', 'binary' or 'hamming' (got {settings.dense_mode!r})")
     if settings.rerank not in {"none", "cross-encoder", "llm"}:
         raise RagError(f"rerank must be 'none', 'cross-encoder' or 'llm' (got {settings.rerank!r})")
+    if settings.rewrite not in {"rules", "model", "off"}:
+        raise RagError(f"rewrite must be 'rules', 'model' or 'off' (got {settings.rewrite!r})")
     if not 0.0 <= settings.fts_min_coverage <= 1.0:
         raise RagError(f"fts_min_coverage must lie in [0, 1] (got {settings.fts_min_coverage})")
     if not 0.0 <= settings.max_distance <= 2.0:
@@ -188,3 +200,66 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             raise RagError(f"unknown setting {key!r}")
         values[key] = _coerce(key, raw, "the command line")
     return validate(Settings(**values))
+
+
+def settings_file() -> Path:
+    """``<data dir>/rag.toml``, the file ``load_settings`` reads and ``write_settings`` writes."""
+    return data_dir() / CONFIG_FILE_NAME
+
+
+def env_overrides() -> list[str]:
+    """The settings an environment variable sets: a value written to the file is then not the one in force."""
+    return [name for name in _FIELDS if f"RAG_{name.upper()}" in os.environ]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a TOML basic string
+
+
+def write_settings(changes: dict[str, Any], path: Path | None = None) -> Path:
+    """Merge ``changes`` into the settings file and write it, once the result is known to be valid.
+
+    A value of ``None`` removes the setting (its default applies again). Nothing is written when
+    a name is unknown or a value is refused (the ``RagError`` says which); the file is replaced
+    atomically, so a reader never sees half of it. Comments in the file are not kept.
+
+    Returns:
+        The file written (default ``<data dir>/rag.toml``).
+
+    Raises:
+        RagError: an unknown setting, an invalid value, a language model path that is no file,
+            or a file that cannot be read or written.
+    """
+    path = path or settings_file()
+    current: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            current = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise RagError(f"cannot read settings file {path}: {e}") from e
+    for key, value in changes.items():
+        if key not in _FIELDS:
+            raise RagError(f"unknown setting {key!r}; valid: {', '.join(sorted(_FIELDS))}")
+        if value is None:
+            current.pop(key, None)
+        else:
+            current[key] = value
+    coerced = {key: _coerce(key, raw, str(path)) for key, raw in current.items() if key in _FIELDS}
+    validate(Settings(**coerced))
+    llm_path = coerced.get("llm_path", "")
+    if llm_path and not Path(llm_path).expanduser().is_file():
+        raise RagError(f"llm_path: no GGUF model file at {llm_path}")
+    lines = ["# rag-desk settings (written by the Settings page; see docs/guide/configuration.md)"]
+    lines += [f"{key} = {_toml_value(coerced[key])}" for key in _FIELDS if key in coerced]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as e:
+        raise RagError(f"cannot write settings file {path}: {e}") from e
+    return path

@@ -213,3 +213,43 @@ def run_flips(conn: store.Connection, run_id: int, k: int = 8, previous: int | N
         out.extend(Flip(q, stage, "lost", old[q], new[q]) for q in lost)
         out.extend(Flip(q, stage, "gained", old[q], new[q]) for q in gained)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The gate threshold the last evaluation run of a collection recommends."""
+
+    run_id: int
+    created_at: str
+    golden_name: str
+    threshold: float  # recommended
+    in_force: float  # the threshold that run measured with
+
+
+def latest_recommendation(conn: store.Connection, collection: str) -> Recommendation | None:
+    """The recommendation of the newest run on ``collection`` made with its current model, if any.
+
+    A run made before the collection was rebuilt with another embedding model is skipped: its
+    distances are not comparable with the new model's.
+    """
+    coll = store.get_collection(conn, collection)
+    if coll is None:
+        return None
+    for run in list_runs(conn, collection=collection):
+        if run.embedder == coll.embedder:
+            return Recommendation(run.id, run.created_at, run.golden_name, run.recommended_threshold, run.threshold)
+    return None
+
+
+def apply_recommendation(conn: store.Connection, collection: str) -> Recommendation:
+    """Stamp ``collection`` with its latest recommended threshold (what ``rag eval --calibrate`` does).
+
+    Raises:
+        NotFoundError: no evaluation run of the collection with its current model.
+    """
+    found = latest_recommendation(conn, collection)
+    if found is None:
+        raise NotFoundError(f"no evaluation run of “{collection}” with its current model: run one on the "
+                            "Evaluation page first")
+    store.set_collection_threshold(conn, collection, found.threshold)
+    return found

@@ -716,10 +716,18 @@ class IndexHealth:
     collections: dict[str, str]  # name -> embedding model id
 
 
-def index_health(conn: store.Connection, settings: Settings) -> IndexHealth:
-    """Counts for the dashboard frame: documents, chunks, failures, stale documents, models."""
-    infos = document_statuses(conn, settings)
-    chunks, truncated = conn.execute("SELECT count(*), coalesce(sum(truncated), 0) FROM chunks").fetchone()
+HEALTH_CHUNKS_SQL = """
+SELECT count(*), coalesce(sum(chunks.truncated), 0) FROM chunks
+JOIN collections ON collections.id = chunks.collection_id
+WHERE :collection IS NULL OR collections.name = :collection
+"""
+
+
+def index_health(conn: store.Connection, settings: Settings, collection: str | None = None) -> IndexHealth:
+    """Counts for the dashboard frame: documents, chunks, failures, stale documents (of
+    ``collection``, or of every collection when None), and every collection's model."""
+    infos = document_statuses(conn, settings, collection)
+    chunks, truncated = conn.execute(HEALTH_CHUNKS_SQL, {"collection": collection}).fetchone()
     return IndexHealth(
         documents=len(infos),
         chunks=int(chunks),

@@ -149,3 +149,17 @@ class Answer:
     dropped: list[Hit] = field(default_factory=list)  # hits the gate turned away
     timings_ms: dict[str, float] = field(default_factory=dict)
     trace: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Retrieved:
+    """Yielded by ``rag.ask.ask_stream`` once the gate has run, before the model writes.
+
+    ``hits`` are the sources the model reads, numbered [1].. in order; ``dropped`` those the
+    gate turned away. A page can show the source cards while the answer is still being written.
+    """
+
+    hits: list[Hit] = field(default_factory=list)
+    dropped: list[Hit] = field(default_factory=list)
+    language: str = "en"
+    timings_ms: dict[str, float] = field(default_factory=dict)  # retrieve, rerank, gate so far

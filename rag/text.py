@@ -165,6 +165,13 @@ def is_stopword(token: str) -> bool:
     return token == fold(token) and token in VIETNAMESE_STOPWORDS_TONELESS
 
 
+def content_tokens(text: str) -> list[str]:
+    """The words of ``text`` that carry meaning, as written (NFC, casefolded, NOT tone-folded),
+    stopwords dropped, in order, deduplicated. ``keywords`` folds these for FTS5."""
+    tokens = _KEYWORD.findall(nfc(text).casefold())
+    return list(dict.fromkeys(t for t in tokens if not is_stopword(t)))
+
+
 def keywords(text: str) -> list[str]:
     """Folded, deduplicated keywords of a question, stopwords dropped.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import itertools
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import streamlit as st
 from rag import store
 from rag.access import groups_from_param, known_groups
 from rag.config import Settings, data_dir, load_settings
+from rag.conversation import latest_chat_id, new_chat_id
 from rag.embedding import Embedder, load_embedder
 from rag.errors import NotFoundError, RagError
 from rag.evaluate import EvalReport, StageResult, StrategyTable
@@ -35,7 +37,8 @@ from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
 from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health, spec_for_model_id
 from rag.llm import LanguageModel, load_language_model
-from rag.models import Answer, Citation, Collection, Hit
+from rag.messages import say
+from rag.models import Answer, Citation, Collection, Hit, Retrieved
 from rag.verify import MARKER as CITATION_MARKER
 
 Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.properties() may facet)
@@ -119,6 +122,7 @@ NAVIGATION = (
     NavLink("pages/documents.py", "Documents", ":material/folder_open:"),
     NavLink("pages/chunks.py", "Chunks", ":material/view_agenda:"),
     NavLink("pages/evaluation.py", "Evaluation", ":material/monitoring:"),
+    NavLink("pages/settings.py", "Settings", ":material/settings:"),
 )
 
 
@@ -143,10 +147,25 @@ class FrameData:
     health: IndexHealth
 
 
-def read_frame(conn: store.Connection, settings: Settings) -> FrameData:
-    """Collections, the groups documents name, and index health."""
+def read_frame(conn: store.Connection, settings: Settings, collection: str | None = None) -> FrameData:
+    """Collections, the groups documents name, and the index health of ``collection`` (None: all)."""
     return FrameData(store.list_collections(conn), known_groups(document_statuses(conn, settings)),
-                     index_health(conn, settings))
+                     index_health(conn, settings, collection))
+
+
+def selected_collection(names: Sequence[str], settings: Settings) -> str:
+    """The collection the sidebar selects this run (its widget state, a pending choice, the
+    ``?collection=`` parameter or the settings' default), recorded in the widget's state."""
+    collections = list(names) or [settings.collection]
+    pending = st.session_state.pop(NEXT_COLLECTION_KEY, None)
+    if pending in collections:
+        st.session_state["collection"] = pending
+    if st.session_state.get("collection") not in collections:
+        wanted = st.query_params.get("collection") or settings.collection
+        st.session_state["collection"] = wanted if wanted in collections else collections[0]
+    else:
+        st.session_state["collection"] = st.session_state["collection"]
+    return str(st.session_state["collection"])
 
 
 @contextmanager
@@ -160,7 +179,8 @@ def frame() -> Iterator[View]:
         try:
             settings = load_settings()
             conn = stack.enter_context(connection(settings))
-            data = read_frame(conn, settings)
+            names = [c.name for c in store.list_collections(conn)]
+            data = read_frame(conn, settings, selected_collection(names, settings) if names else None)
         except RagError as e:
             stop_on(e)
             raise  # stop_on() raises; this line only tells type checkers so
@@ -178,14 +198,7 @@ def draw_frame(settings: Settings, conn: store.Connection, data: FrameData) -> V
         st.session_state["groups"] = groups_from_param(st.query_params.get("groups"), groups)
     else:  # a group may have disappeared with its last document
         st.session_state["groups"] = [g for g in st.session_state["groups"] if g in groups]
-    pending = st.session_state.pop(NEXT_COLLECTION_KEY, None)
-    if pending in collections:
-        st.session_state["collection"] = pending
-    if st.session_state.get("collection") not in collections:
-        wanted = st.query_params.get("collection") or settings.collection
-        st.session_state["collection"] = wanted if wanted in collections else collections[0]
-    else:
-        st.session_state["collection"] = st.session_state["collection"]
+    selected_collection(collections, settings)
 
     with st.sidebar:
         for link in NAVIGATION:
@@ -202,7 +215,7 @@ def draw_frame(settings: Settings, conn: store.Connection, data: FrameData) -> V
             "one group with them; everyone holds 'all'. Switch to show what a given reader can see.",
         )
         st.divider()
-        st.caption("Index health")
+        st.caption(f"Index health of “{collection}”")
         c1, c2 = st.columns(2)
         health = data.health
         c1.metric("Documents", health.documents)
@@ -269,8 +282,12 @@ def source_url(document_id: int, char_from: int, char_to: int, groups: Sequence[
 SOURCE_BOX = (
     "white-space: pre-wrap; overflow-wrap: anywhere; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; "
     "font-size: 0.85rem; line-height: 1.5; max-height: 70vh; overflow-y: auto; padding: 0.75rem 1rem; "
-    "border: 1px solid rgba(49, 51, 63, 0.2); border-radius: 0.5rem; background: #fafafa;"
+    "border: 1px solid rgba(128, 128, 128, 0.35); border-radius: 0.5rem; background: rgba(128, 128, 128, 0.06); "
+    "color: inherit;"
 )
+# Colours that read on the light and the dark theme alike (the theme follows the browser): text
+# inherits the theme's colour, shades are translucent over its background.
+MARK_STYLE = "background: rgba(250, 204, 21, 0.45); color: inherit; padding: 0.1rem 0;"
 PASSAGE_ID = "rag-passage"
 
 
@@ -278,7 +295,7 @@ def highlight_html(text: str, char_from: int, char_to: int, anchor: str = PASSAG
     """The whole text, HTML-escaped, with ``text[char_from:char_to]`` in a ``<mark id=anchor>``."""
     return (
         f'<div class="rag-source" style="{SOURCE_BOX}">{html.escape(text[:char_from])}'
-        f'<mark id="{html.escape(anchor)}" style="background: #ffe066; padding: 0.1rem 0;">'
+        f'<mark id="{html.escape(anchor)}" style="{MARK_STYLE}">'
         f"{html.escape(text[char_from:char_to])}</mark>{html.escape(text[char_to:])}</div>"
     )
 
@@ -303,9 +320,9 @@ def scroll_script(anchor: str = PASSAGE_ID) -> str:
     )
 
 
-CHUNK_COLORS = ("#d0ebff", "#d3f9d8")  # alternating chunks
-OVERLAP_COLOR = "#ffd8a8"  # text covered by two or more chunks
-GAP_STYLE = "color: #868e96;"  # text in no chunk (headings, front matter, blank lines)
+CHUNK_COLORS = ("rgba(51, 154, 240, 0.18)", "rgba(64, 192, 87, 0.18)")  # alternating chunks
+OVERLAP_COLOR = "rgba(253, 126, 20, 0.32)"  # text covered by two or more chunks
+GAP_STYLE = "opacity: 0.6;"  # text in no chunk (headings, front matter, blank lines)
 
 
 def chunk_map_html(text: str, ranges: Sequence[tuple[int, int, int]], selected: int | None = None) -> str:
@@ -380,28 +397,42 @@ def gate_frame(report: EvalReport) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["threshold", "what", "count"])
 
 
+GUIDE_GREY = "#868e96"  # the threshold marks: a mid grey reads on the light and the dark theme
+
+
 def gate_chart(report: EvalReport) -> Chart:
-    """Bluffs and lost answers against the threshold, with the current and recommended thresholds marked."""
+    """Bluffs and lost answers against the threshold, with the current and recommended thresholds marked.
+
+    The legend stacks its two long labels under the chart and a threshold label near the right
+    edge is written leftwards, so neither is clipped by the chart's width.
+    """
     current, recommended = report.gate.current.threshold, report.gate.recommended.threshold
     lines = alt.Chart(gate_frame(report)).mark_line(point=True).encode(
         x=alt.X("threshold:Q", title="gate threshold (cosine distance)", scale=alt.Scale(zero=False)),
         y=alt.Y("count:Q", title="queries"),
-        color=alt.Color("what:N", title=None, legend=alt.Legend(orient="bottom", labelLimit=320),
+        color=alt.Color("what:N", title=None,
+                        legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0),
                         scale=alt.Scale(domain=list(GATE_SERIES), range=["#e03131", "#1c7ed6"])),
         tooltip=["threshold:Q", "what:N", "count:Q"],
     )
+    swept = [p.threshold for p in report.gate.curve] + [current, recommended]
+    middle = (min(swept) + max(swept)) / 2
     marks = pd.DataFrame([
         {"threshold": current, "label": f"current {current:.3f}", "dy": -6},
         {"threshold": recommended, "label": f"recommended {recommended:.3f}", "dy": 8},
     ])
-    rules = alt.Chart(marks).mark_rule(strokeDash=[6, 4], color="#495057").encode(x="threshold:Q", tooltip=["label:N"])
+    rules = alt.Chart(marks).mark_rule(strokeDash=[6, 4], color=GUIDE_GREY).encode(x="threshold:Q",
+                                                                                   tooltip=["label:N"])
     # Two label rows (one layer each: a text mark's offset is not an encoding), so close thresholds stay legible.
     labels = alt.layer(*[
-        alt.Chart(marks.iloc[[i]]).mark_text(align="left", dx=4, dy=int(marks["dy"].iloc[i]), color="#495057")
-        .encode(x="threshold:Q", y=alt.value(6), text="label:N")
+        alt.Chart(marks.iloc[[i]]).mark_text(
+            align="right" if marks["threshold"].iloc[i] > middle else "left",
+            dx=-4 if marks["threshold"].iloc[i] > middle else 4, dy=int(marks["dy"].iloc[i]), color=GUIDE_GREY,
+        ).encode(x="threshold:Q", y=alt.value(6), text="label:N")
         for i in range(len(marks))
     ])
-    return alt.layer(lines, rules, labels).properties(height=300)
+    return alt.layer(lines, rules, labels).properties(height=300, padding={"left": 5, "top": 5, "right": 24,
+                                                                           "bottom": 5})
 
 
 def strategy_frame(result: StrategyTable) -> pd.DataFrame:
@@ -493,14 +524,107 @@ def strategies_from_upload(upload: Any) -> StrategyTable:
 
 
 # ---------------------------------------------------------------------------------------------
-# Ask page: streaming, the answer with citation links, sources, timings and hits
+# Ask page: documents' Markdown made safe, the streamed answer, sources, details
 
-_MD_SPECIAL = re.compile(r"([\\\[\]<>$])")  # characters that could make links, HTML or LaTeX
+# Written by hand: Streamlit renders Markdown with remark-gfm and offers no "no links, no HTML"
+# switch, and no kept library turns untrusted Markdown into Markdown without them.
+_URL = re.compile(
+    r"(?:\b[a-z][a-z0-9+.\-]{1,15}://|\bwww\.|\b(?:mailto|xmpp|javascript|data):)[^\s<>\"'`]*[^\s<>\"'`.,;:!?)\]}]"
+    r"|\b[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+",
+    re.IGNORECASE,
+)
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+\-]*)")
+_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\n.*?\n(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
+# What Markdown could turn into a link, an image, HTML, an entity, LaTeX or a code span. Emphasis,
+# lists and tables stay: they are the documents' own formatting.
+_MD_SPECIAL = re.compile(r"([\\\[\]<>$`&])")
+
+
+def _code_span(text: str) -> str:
+    """``text`` as a code span that no backtick inside it can close (CommonMark's rule)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _escape_text(text: str) -> str:
+    """Plain text (no code spans in it) as Markdown: specials escaped, addresses shown as code."""
+    out: list[str] = []
+    position = 0
+    for match in _URL.finditer(text):
+        out.append(_MD_SPECIAL.sub(r"\\\1", text[position : match.start()]))
+        out.append(_code_span(match.group(0)))  # a code span is never a link: GFM autolinks stay text
+        position = match.end()
+    out.append(_MD_SPECIAL.sub(r"\\\1", text[position:]))
+    return "".join(out)
 
 
 def escape_markdown(text: str) -> str:
-    """Neutralise what could turn answer text into links, HTML or LaTeX (emphasis and lists stay)."""
-    return _MD_SPECIAL.sub(r"\\\1", text)
+    """Text from a document or a model as Markdown that shows it and makes no link, image or HTML.
+
+    Brackets, angle brackets, ``$``, ``&``, backticks and backslashes are escaped; web and mail
+    addresses become code spans (GFM would link them). Emphasis and lists are kept.
+    """
+    return _escape_text(text)
+
+
+def _escape_inline(text: str) -> str:
+    """Like ``escape_markdown``, but the text's own code spans stay code (re-fenced, never raw)."""
+    out: list[str] = []
+    position = 0
+    for match in _CODE_SPAN.finditer(text):
+        out.append(_escape_text(text[position : match.start()]))
+        out.append(_code_span(match.group(2)))
+        position = match.end()
+    out.append(_escape_text(text[position:]))
+    return "".join(out)
+
+
+def safe_markdown(text: str) -> str:
+    """A passage quoted from a document, as Markdown that renders its formatting and nothing else.
+
+    The words are the passage's own, never changed: front matter is left out, headings become
+    bold lines (a quote inside a card), fenced code stays fenced code, inline code stays code,
+    and everything else goes through ``escape_markdown`` rules (no links, images, HTML or LaTeX).
+    """
+    text = _FRONT_MATTER.sub("", text, count=1)
+    out: list[str] = []
+    paragraph: list[str] = []
+
+    def flush() -> None:
+        if paragraph:
+            lines = []
+            for line in _escape_inline("\n".join(paragraph)).split("\n"):
+                heading = _HEADING.match(line)
+                lines.append(f"**{heading.group(1).strip()}**" if heading and heading.group(1).strip() else line)
+            out.append("\n".join(lines))
+            paragraph.clear()
+
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        fence = _FENCE.match(lines[i])
+        if fence is None:
+            paragraph.append(lines[i])
+            i += 1
+            continue
+        flush()
+        marker, info = fence.group(1), fence.group(2)
+        body: list[str] = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(marker[0] * len(marker)):
+            body.append(lines[i])
+            i += 1
+        i += 1  # the closing fence (or the end of the passage)
+        code = "\n".join(body)
+        longest = max((len(run) for run in re.findall(r"`{3,}", code)), default=2)
+        ticks = "`" * (longest + 1)
+        out.append(f"{ticks}{info}\n{code}\n{ticks}")
+    flush()
+    return "\n".join(out)
 
 
 def answer_markdown(answer: Answer, groups: Sequence[str]) -> str:
@@ -509,7 +633,7 @@ def answer_markdown(answer: Answer, groups: Sequence[str]) -> str:
     out: list[str] = []
     position = 0
     for match in CITATION_MARKER.finditer(answer.text):
-        out.append(escape_markdown(answer.text[position : match.start()]))
+        out.append(safe_markdown(answer.text[position : match.start()]))
         numbers = [int(n) for n in re.split(r"\s*[,;]\s*", match.group(1).strip())]
         links = []
         for n in numbers:
@@ -521,7 +645,7 @@ def answer_markdown(answer: Answer, groups: Sequence[str]) -> str:
                 links.append(f"[\\[{n}\\]]({url} \"{escape_title(cited)}\")")
         out.append("".join(links))
         position = match.end()
-    out.append(escape_markdown(answer.text[position:]))
+    out.append(safe_markdown(answer.text[position:]))
     return "".join(out)
 
 
@@ -537,31 +661,67 @@ def cited_document(answer: Answer, citation: Citation) -> int:
     raise NotFoundError(f"citation [{citation.n}] points at no retrieved passage")
 
 
-def stream_answer(events: Iterator[str | Answer]) -> Answer:
-    """Write the streamed text pieces with ``st.write_stream`` and return the final ``Answer``."""
-    final: list[Answer] = []
+Event = str | Retrieved | Answer  # what rag.ask.ask_stream yields
 
-    def pieces() -> Iterator[str]:
+
+def stream_answer(events: Iterator[Event], groups: Sequence[str], language: str, turn: int = 0) -> Answer:
+    """Draw an answer while ``events`` (``rag.ask.ask_stream``) produce it; return the ``Answer``.
+
+    The sources appear as soon as retrieval returns, before the model writes; verified sentences
+    are added as they come. ``events`` is closed on the way out, whatever happens (a Stop click
+    interrupts the run with an exception here): a half-read stream would keep the model locked.
+    """
+    text_box = st.empty()
+    status = st.empty()
+    sources = st.container()
+    status.caption(say(language, "searching"))
+    shown = ""
+    final: Answer | None = None
+    try:
         for event in events:
-            if isinstance(event, Answer):
-                final.append(event)
+            if isinstance(event, Retrieved):
+                status.caption(say(language, "writing", count=len(event.hits)) if event.hits else "")
+                if event.hits:
+                    with sources:
+                        _hit_cards(event.hits, groups, language, f"rag-early-{turn}")
+            elif isinstance(event, Answer):
+                final = event
             else:
-                yield event
-
-    st.write_stream(pieces())
-    if not final:
+                shown += event
+                text_box.markdown(safe_markdown(shown))
+    finally:
+        close = getattr(events, "close", None)
+        if callable(close):
+            close()
+    status.empty()
+    if final is None:
         raise RagError("the answer stream ended without an answer")
-    return final[-1]
+    return final
 
 
-STAGE_LABELS = {"retrieve": "retrieve", "rerank": "rerank", "gate": "gate", "first_token": "first token",
-                "generate": "generate", "verify": "verify", "total": "total"}
+TIMING_KEYS = ("retrieve", "rerank", "gate", "first_token", "first_text", "generate", "verify")
 
 
-def timings_text(timings: Mapping[str, float]) -> str:
-    parts = [f"{STAGE_LABELS.get(k, k)} {v:,.0f} ms" for k, v in timings.items() if k != "total"]
+def timings_text(answer: Answer) -> str:
+    """Every stage that ran, with a plain label, in the answer's language: "searching 12 ms · …"."""
+    timings = answer.timings_ms
+    ran = {"retrieve", "gate", "total"}
+    if answer.trace.get("stage") == "rerank":
+        ran.add("rerank")
+    if answer.llm_called:
+        ran |= {"first_token", "first_text", "generate"}
+    if answer.status != "no_answer":
+        ran.add("verify")
+    parts = [f"{say(answer.language, 't_' + k)} {_duration(timings[k])}" for k in TIMING_KEYS
+             if k in timings and k in ran]
     total = timings.get("total")
-    return " · ".join(parts) + (f" · **total {total:,.0f} ms**" if total is not None else "")
+    if total is not None:
+        parts.append(f"**{say(answer.language, 't_total')} {_duration(total)}**")
+    return " · ".join(parts)
+
+
+def _duration(ms: float) -> str:
+    return f"{ms:,.0f} ms" if ms < 1000 else f"{ms / 1000:,.1f} s"
 
 
 def hits_frame(answer: Answer) -> pd.DataFrame:
@@ -587,87 +747,174 @@ def _hit_for(answer: Answer, chunk_id: int) -> Hit | None:
     return next((h for h in [*answer.hits, *answer.dropped] if h.chunk_id == chunk_id), None)
 
 
-def _rank_pair(hit: Hit | None) -> str:
-    if hit is None:
-        return ""
-    return f"dense rank {_rank_text(hit.dense_rank)} · sparse rank {_rank_text(hit.sparse_rank)}"
+def _hit_line(hit: Hit, language: str) -> str:
+    return say(language, "hit_line", distance=f"{hit.distance:.3f}", dense=_rank_text(hit.dense_rank),
+               sparse=_rank_text(hit.sparse_rank))
 
 
-def render_sources(answer: Answer, groups: Sequence[str]) -> None:
-    """The cited passages: document, section, distance, ranks, the quote and a link to the source view."""
-    st.markdown("**Sources**")
+def _card(n: int | None, title: str, section: str, source: str, page: int | None, start: int, end: int,
+          content: str, url: str | None, language: str, key: str) -> None:
+    """One passage: number, document and section, where it lies, the quote, a link to open it."""
+    with st.container(border=True):
+        number = f"\\[{n}\\] " if n is not None else ""
+        st.markdown(f"**{number}{escape_markdown(title or source)}** — {escape_markdown(section)}")
+        where = f" · {say(language, 'page', page=page)}" if page is not None else ""
+        st.caption(escape_markdown(say(language, "source_line", source=source, page=where, start=start, end=end)))
+        with st.container(key=key):
+            st.markdown(safe_markdown(content))
+        if url is not None:
+            st.markdown(f"[:material/open_in_new: {say(language, 'open_passage')}]({url})")
+
+
+def _hit_cards(hits: Sequence[Hit], groups: Sequence[str], language: str, key: str) -> None:
+    st.markdown(f"**{say(language, 'sources')}**")
+    for n, hit in enumerate(hits, start=1):
+        _card(n, hit.title, hit.section, hit.source, hit.page, hit.char_from, hit.char_to, hit.content,
+              source_url(hit.document_id, hit.char_from, hit.char_to, groups), language, f"{key}-{n}")
+
+
+def render_sources(answer: Answer, groups: Sequence[str], turn: int = 0) -> None:
+    """The cited passages: document, section, where, the quote (``rag-quote-<turn>-<n>``), a link."""
+    st.markdown(f"**{say(answer.language, 'sources')}**")
     for cited in answer.citations:
         hit = _hit_for(answer, cited.chunk_id)
-        with st.container(border=True):
-            st.markdown(f"**\\[{cited.n}\\] {escape_markdown(cited.title or cited.source)}** — "
-                        f"{escape_markdown(cited.section)}")
-            page = f" · page {cited.page}" if cited.page is not None else ""
-            st.caption(f"{cited.source}{page} · characters {cited.char_from}–{cited.char_to} · "
-                       f"distance {cited.distance:.3f} · {_rank_pair(hit)}")
-            st.html(quote_html(cited.quote, f"rag-quote-{cited.n}"))
-            if hit is not None:
-                url = source_url(hit.document_id, cited.char_from, cited.char_to, groups)
-                st.markdown(f"[:material/open_in_new: Open the passage]({url})")
+        url = source_url(hit.document_id, cited.char_from, cited.char_to, groups) if hit is not None else None
+        _card(cited.n, cited.title, cited.section, cited.source, cited.page, cited.char_from, cited.char_to,
+              cited.quote, url, answer.language, f"rag-quote-{turn}-{cited.n}")
 
 
-def render_no_answer(answer: Answer, turn: int = 0) -> None:
-    """Why there is no answer (best distance vs threshold) and the nearest passages, not close enough.
+def closest_hits(answer: Answer, limit: int = 3) -> list[Hit]:
+    """The passages nearest to a refused question (turned away for their distance), nearest first."""
+    too_far = [h for h in answer.dropped if h.gated_out_reason and h.gated_out_reason.startswith("distance")]
+    return sorted(too_far, key=lambda h: h.distance)[:limit]
+
+
+def render_no_answer(answer: Answer, groups: Sequence[str], turn: int = 0) -> None:
+    """The plain refusal in the question's language, the closest passages folded below it.
 
     ``turn`` numbers the answer in its chat: element keys must be unique on a page, and a chat
     holds many answers of the same kind (CSS class ``st-key-rag-no-answer-<turn>``).
     """
-    threshold = answer.trace.get("threshold")
-    best = answer.trace.get("best_distance")
+    language = answer.language
     with st.container(key=f"rag-no-answer-{turn}"):
-        st.warning(f"**No answer.** {answer.message}", icon=":material/block:")
-        if best is not None and threshold is not None:
-            st.caption(f"The gate keeps a passage only when its cosine distance to the question is below "
-                       f"{threshold:.3f}; the closest one here is at {best:.3f}. Nothing was sent to the language "
-                       "model, so nothing could be made up.")
-    too_far = [h for h in answer.dropped if h.gated_out_reason and h.gated_out_reason.startswith("distance")]
-    nearest = sorted(too_far, key=lambda h: h.distance)[:3]
+        st.markdown(say(language, "no_answer"))
+    nearest = closest_hits(answer)
     if nearest:
-        st.markdown("**Nearest passages — not close enough**")
-        for hit in nearest:
-            with st.container(border=True):
-                st.markdown(f"**{escape_markdown(hit.title or hit.source)}** — {escape_markdown(hit.section)}")
-                st.caption(f"{hit.source} · distance {hit.distance:.3f} (threshold {threshold:.3f}) · "
-                           f"not close enough · {_rank_pair(hit)}")
-                st.html(quote_html(_shorten(hit.content, 300)))
+        with st.expander(say(language, "closest")):
+            for i, hit in enumerate(nearest, start=1):
+                _card(None, hit.title, hit.section, hit.source, hit.page, hit.char_from, hit.char_to, hit.content,
+                      source_url(hit.document_id, hit.char_from, hit.char_to, groups), language,
+                      f"rag-closest-{turn}-{i}")
 
 
-QUOTE_STYLE = (
-    "white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; padding: 0.25rem 0 0.25rem 0.9rem; "
-    "border-left: 3px solid #ced4da; color: #343a40; font-size: 0.9rem; line-height: 1.5;"
-)
-
-
-def quote_html(text: str, css_class: str = "") -> str:
-    """A passage quoted verbatim: escaped, line breaks kept, no Markdown interpretation."""
-    cls = f' class="rag-quote {html.escape(css_class)}"' if css_class else ' class="rag-quote"'
-    return f'<blockquote{cls} style="{QUOTE_STYLE}">{html.escape(text)}</blockquote>'
-
-
-def _shorten(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+def render_details(answer: Answer, turn: int = 0) -> None:
+    """For the operator, folded: status, the gate's numbers, every source's distance and ranks,
+    the time of each stage that ran, and every hit."""
+    language = answer.language
+    with st.expander(say(language, "details"), icon=":material/tune:", key=f"rag-details-{turn}"):
+        grounded = say(language, "grounded" if answer.grounded else "not_grounded")
+        st.caption(say(language, "status_line", status=say(language, f"status_{answer.status}"),
+                       sources=len(answer.citations), grounded=grounded))
+        threshold, best = answer.trace.get("threshold"), answer.trace.get("best_distance")
+        if answer.status == "no_answer" and threshold is not None and best is not None:
+            st.caption(say(language, "gate_line", threshold=f"{threshold:.3f}", best=f"{best:.3f}"))
+        for cited in answer.citations:
+            hit = _hit_for(answer, cited.chunk_id)
+            if hit is not None:
+                st.caption(f"\\[{cited.n}\\] {_hit_line(hit, language)}")
+        st.caption(":material/timer: " + timings_text(answer))
+        st.caption(say(language, "all_hits", kept=len(answer.hits), dropped=len(answer.dropped)))
+        st.dataframe(hits_frame(answer), hide_index=True, key=f"rag-hits-{turn}")
 
 
 def render_answer(answer: Answer, groups: Sequence[str], turn: int = 0) -> None:
-    """A finished answer: its text with citation links (or the no-answer explanation), the status,
-    the sources, timings per stage and every hit. ``turn`` keeps its element keys unique in a chat."""
+    """A finished answer in its question's language: its text with citation links (or the plain
+    refusal), its sources, and the Details fold. ``turn`` keeps element keys unique in a chat."""
+    language = answer.language
     if answer.status == "no_answer":
-        render_no_answer(answer, turn)
+        render_no_answer(answer, groups, turn)
     else:
         if answer.status == "extractive":
-            st.info(f"**Extractive answer** — a quote from the best source, not written by the model. "
-                    f"{answer.message}", icon=":material/format_quote:")
+            st.caption(f":material/format_quote: {say(language, 'extractive')}")
         with st.container(key=f"rag-answer-{turn}"):
             st.markdown(answer_markdown(answer, groups))
-        grounded = "every sentence is supported by the source it cites" if answer.grounded else (
-            "some sentences are not supported by their sources (shown struck through)")
-        st.caption(f"{answer.status} · {grounded} · {len(answer.citations)} source(s)")
-        render_sources(answer, groups)
-    st.caption(":material/timer: " + timings_text(answer.timings_ms))
-    with st.expander(f"All hits ({len(answer.hits)} kept, {len(answer.dropped)} turned away by the gate)"):
-        st.dataframe(hits_frame(answer), hide_index=True)
+        if not answer.grounded:
+            st.caption(say(language, "unsupported_note"))
+        render_sources(answer, groups, turn)
+    render_details(answer, turn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models loaded when the app starts
+
+
+def _warm(settings: Settings, collection: str) -> None:
+    """Load the collection's embedder and the language model through the cached loaders."""
+    with connection(settings) as conn:
+        if store.get_collection(conn, collection) is None:
+            return
+        model = collection_embedder(conn, collection)
+    model.embed_queries(["warm up"])  # the first call of an ONNX session pays for its set-up
+    llm(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
+
+
+@st.cache_resource(show_spinner=False)
+def warm_models(db_path: str, collection: str, llm_path: str, _settings: Settings) -> threading.Thread:
+    """Start (once per process, database, collection and model) a thread that loads the models an
+    answer needs. ``_settings`` is not part of the cache key (Streamlit skips ``_`` arguments).
+
+    The first question then finds them loaded: a session that asks while they load waits for
+    the same cached loader instead of loading a second copy. A ``RagError`` (a missing model) is
+    left for the question to report; the loaders do not cache a failure.
+    """
+
+    def run() -> None:
+        try:
+            _warm(_settings, collection)
+        except RagError:
+            return
+
+    thread = threading.Thread(target=run, name=f"rag-warm-{collection}", daemon=True)
+    thread.start()
+    return thread
+
+
+# ---------------------------------------------------------------------------------------------
+# The chat's state in the session: which chat of each collection is open, what to ask next
+
+CHATS_KEY = "_rag_chats"  # collection -> the open chat's id
+PENDING_KEY = "_rag_pending"  # a question to ask on this run: an example or "ask again" was clicked
+REPLACE_KEY = "_rag_replace"  # the turn "ask again" replaces (deleted before the run draws the chat)
+ASKING_KEY = "_rag_asking"  # set while an answer is written: found on the next run, the run was stopped
+
+
+def open_chat(conn: store.Connection, collection: str) -> str:
+    """The chat shown for ``collection``: the one open in this session, else the last one asked in."""
+    chats: dict[str, str] = st.session_state.setdefault(CHATS_KEY, {})
+    if collection not in chats:
+        chats[collection] = latest_chat_id(conn, collection) or new_chat_id()
+    return chats[collection]
+
+
+def start_new_chat(collection: str) -> None:
+    """A button callback: open an empty chat for ``collection`` (earlier chats stay stored)."""
+    st.session_state.setdefault(CHATS_KEY, {})[collection] = new_chat_id()
+
+
+def queue_question(question: str, replace: int | None = None) -> None:
+    """A button callback: ask ``question`` on the next run, replacing turn ``replace`` if given."""
+    st.session_state[PENDING_KEY] = question
+    if replace is not None:
+        st.session_state[REPLACE_KEY] = replace
+
+
+def answer_text(answer: Answer) -> str:
+    """The answer as plain text, for copying: its words and [n] markers, or the refusal."""
+    return say(answer.language, "no_answer") if answer.status == "no_answer" else answer.text
+
+
+def render_question(question: str, searched: str, language: str) -> None:
+    """The reader's message, and what was searched when a follow-up was rewritten."""
+    st.markdown(escape_markdown(question))
+    if searched.strip() != question.strip():
+        st.caption(":material/search: " + say(language, "searched_for", question=escape_markdown(searched)))

@@ -1,10 +1,10 @@
 """Everything between the model's raw words and what a user is shown.
 
 The model writes prose and ``[n]`` markers, nothing else counts: the server removes every link
-it writes, removes markers that point at no source (and counts them), builds each citation itself
-from the numbered hit, and shows a sentence only when a source it cites supports it. When no
-sentence survives, the answer is a quote: the sentence(s) of the best source closest to the
-question (``extractive``).
+the model writes, removes markers that point at no source (and counts them), builds each
+citation itself from the numbered hit, and shows a sentence only when a source it cites
+supports it. When no sentence survives, the answer is a quote: the sentence(s) of the best
+source closest to the question (``extractive``), verbatim, its addresses included.
 
 Support is content-word overlap on folded tokens (Vietnamese tones and đ folded, English and
 Vietnamese function words dropped), plus one hard rule: every number in the sentence must occur
@@ -449,12 +449,14 @@ def extractive_sentences(question: str, hit: Hit, n: int, embedder: Embedder | N
     """A verbatim passage of source ``n`` closest to the question, quoted; supported by construction.
 
     The passage runs from the first to the last chosen sentence of the chunk's ``content``
-    (bullets and line breaks kept); only links are removed from it.
+    (bullets and line breaks kept), verbatim: a quotation is never altered, its web addresses
+    included ("open http://localhost:8502 instead" once lost its address mid-sentence). Only a
+    leading list or heading marker goes. Pages render it as inert text (``rag.ui.safe_markdown``).
     """
     spans = candidate_spans(hit.content)
     chosen = closest_sentences(question, [_LINE_LEAD.sub("", hit.content[a:b]) for a, b in spans], embedder)
     passage = hit.content[spans[chosen[0]][0] : spans[chosen[-1]][1]]
-    quote, _ = remove_urls(_LINE_LEAD.sub("", passage.strip()))
+    quote = _LINE_LEAD.sub("", passage.strip())
     return [Sentence(text=f"“{quote.strip()}” [{n}]", citations=[n], supported=True, support=1.0, reason="")]
 
 

@@ -12,7 +12,7 @@ from rag import cli, store
 from rag.ask import ask, ask_stream
 from rag.config import Settings, load_settings
 from rag.ingest import ingest
-from rag.models import Answer, Hit
+from rag.models import Answer, Hit, Retrieved
 
 from .conftest import GUIDE
 from .fakes import FailingLLM, FakeEmbedder, FakeLLM
@@ -174,17 +174,27 @@ def test_instructions_inside_a_document_yield_no_url(indexed: store.Connection, 
     )
     answer = run(indexed, wide, "What should every reader visit?", obedient)
     assert answer.llm_called
-    for text in (answer.text, *(s.text for s in answer.sentences)):
-        assert "http" not in text and "evil.example" not in text and "www." not in text
-    assert answer.trace["removed_urls"] >= 3
+    assert answer.trace["removed_urls"] >= 3  # the model's links went before its sentences were judged
+    for dropped in answer.trace["dropped_sentences"]:
+        assert "http" not in dropped["text"] and "evil.example" not in dropped["text"] and "www." not in dropped["text"]
+    # None was supported: the answer is a verbatim quote of the source (shown as inert text by the page).
+    assert answer.status == "extractive"
+    assert answer.text.removesuffix(" [1]").strip("“”") in answer.citations[0].quote
 
 
-def test_the_extractive_quote_of_a_planted_page_has_no_url(indexed: store.Connection, settings: Settings) -> None:
+def test_the_extractive_quote_of_a_planted_page_is_verbatim_and_links_nothing(
+    indexed: store.Connection, settings: Settings
+) -> None:
+    # Issue 18: a quotation is never altered (one lost its URL mid-sentence); the Ask page shows
+    # its address as inert code, never as a link.
+    from rag import ui
+
     answer = run(indexed, settings.replace(max_distance=1.5), "Which previous instructions print evil?",
                  FailingLLM(), generate=False)
     assert answer.citations[0].source == "notes.md"
-    assert "http" not in answer.text and "evil.example" not in answer.text
-    assert "http://evil.example" in answer.citations[0].quote  # the quote stays verbatim
+    assert "print http://evil.example and" in answer.text and "http://evil.example" in answer.citations[0].quote
+    shown = ui.answer_markdown(answer, ["all"])
+    assert "`http://evil.example`" in shown and "](http" not in shown
 
 
 # --- streaming
@@ -196,8 +206,11 @@ def test_ask_stream_yields_verified_sentences_then_the_answer(indexed: store.Con
         "It is closed on public holidays [1]. It closes at 7 pm on weekdays [1]."
     )
     items = list(ask_stream(GARAGE_Q, conn=indexed, settings=settings, embedder=FakeEmbedder(), llm=FakeLLM(reply)))
-    *pieces, answer = items
+    retrieved, *pieces, answer = items
     assert isinstance(answer, Answer) and all(isinstance(p, str) for p in pieces)
+    assert isinstance(retrieved, Retrieved)  # the sources come first, before the model writes
+    assert retrieved.hits == answer.hits and retrieved.dropped == answer.dropped
+    assert set(retrieved.timings_ms) == {"retrieve", "rerank", "gate"}
     assert "".join(pieces) == answer.text  # type: ignore[arg-type]
     assert "hot dogs" not in answer.text
     assert len(pieces) == 3
@@ -205,7 +218,18 @@ def test_ask_stream_yields_verified_sentences_then_the_answer(indexed: store.Con
 
 def test_ask_stream_streams_nothing_before_a_refusal(indexed: store.Connection, settings: Settings) -> None:
     items = list(ask_stream(OFF_TOPIC_Q, conn=indexed, settings=settings, embedder=FakeEmbedder(), llm=FailingLLM()))
-    assert len(items) == 1 and isinstance(items[0], Answer) and items[0].status == "no_answer"
+    assert [type(item) for item in items] == [Retrieved, Answer]  # no text
+    assert items[0].hits == [] and items[1].status == "no_answer"  # type: ignore[union-attr]
+
+
+def test_a_chat_can_name_the_answer_language_of_a_rewritten_question(
+    indexed: store.Connection, settings: Settings
+) -> None:
+    # "Còn vào ngày lễ? (garage closes)": the reader wrote Vietnamese; the rewrite added English terms.
+    answer = ask("When does the garage close on holidays? (garage)", conn=indexed, settings=settings,
+                 embedder=FakeEmbedder(), llm=FakeLLM("1], the garage is closed on public holidays."),
+                 language="vi")
+    assert answer.language == "vi"
 
 
 # --- the seams

@@ -108,3 +108,25 @@ def test_save_run_writes_one_result_row_per_query_and_stage(built: Any, golden: 
     assert tuple(summary) == (0.675, report.gate.recommended.threshold, 1)
 
 
+
+
+def test_the_latest_recommendation_is_applied_to_the_collection(
+    built: Any, golden: Golden, settings: Settings
+) -> None:
+    assert history.latest_recommendation(built, "default") is None
+    with pytest.raises(RagError, match="no evaluation run"):
+        history.apply_recommendation(built, "default")
+    report = run(built, golden, settings)
+    run_id = history.save_run(built, report)
+    found = history.latest_recommendation(built, "default")
+    assert found is not None and found.run_id == run_id
+    assert found.threshold == report.gate.recommended.threshold and found.in_force == report.gate.current.threshold
+    applied = history.apply_recommendation(built, "default")
+    assert applied == found and store.require_collection(built, "default").max_distance == found.threshold
+
+
+def test_a_run_made_with_another_model_recommends_nothing(built: Any, golden: Golden, settings: Settings) -> None:
+    history.save_run(built, run(built, golden, settings))
+    coll = store.require_collection(built, "default")
+    store.set_collection_embedder(built, coll.id, "other/model", coll.dimension)
+    assert history.latest_recommendation(built, "default") is None

@@ -5,6 +5,7 @@ model loaders are patched so no real model is ever loaded."""
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,12 @@ from .fakes import FakeEmbedder
 
 APP = str(ROOT / "app.py")
 TIMEOUT = 60  # seconds per run: a cold import of the pages on a busy 2-core machine
+
+
+@pytest.fixture(autouse=True)
+def no_preload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No background model loading: the pages' tests patch the loaders and must not load real models."""
+    monkeypatch.setenv("RAG_PRELOAD_MODELS", "false")
 
 
 @pytest.fixture
@@ -90,6 +97,24 @@ def test_frame_shows_health_and_groups_from_the_database(guide_db: Path) -> None
     assert at.sidebar.selectbox(key="collection").value == "default"
 
 
+def test_index_health_counts_the_selected_collection(guide_db: Path, fake_models: FakeEmbedder, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "vpn.md").write_text("# VPN\n\nThe VPN gateway is vpn-gw-7.\n", encoding="utf-8")
+    settings = load_settings()
+    conn = store.open_db(settings.db_path)
+    try:
+        ingest(conn, [other], settings=settings, embedder=fake_models, collection="vpn")
+    finally:
+        conn.close()
+    at = run_page("pages/documents.py")
+    assert {m.label: m.value for m in at.sidebar.metric}["Documents"] == "13"
+    at.sidebar.selectbox(key="collection").select("vpn").run()
+    metrics = {m.label: m.value for m in at.sidebar.metric}
+    assert (metrics["Documents"], metrics["Chunks"], metrics["Failed"]) == ("1", "1", "0")
+    assert "Index health of “vpn”" in [c.value for c in at.sidebar.caption]
+
+
 def test_frame_on_an_empty_database_invites_to_add_documents(data_dir: Path, fake_models: FakeEmbedder) -> None:
     at = run_page("pages/documents.py")
     assert "No collection yet" in "\n".join(c.value for c in at.sidebar.caption)
@@ -109,7 +134,7 @@ def test_sidebar_navigation_keeps_the_page_order_titles_and_url_paths(guide_db: 
     at = run_page("pages/chunks.py")
     links = [(link.proto.label, link.proto.page) for link in at.sidebar.get("page_link")]
     assert links == [("Ask", ""), ("Source", "source"), ("Documents", "documents"), ("Chunks", "chunks"),
-                     ("Evaluation", "evaluation")]
+                     ("Evaluation", "evaluation"), ("Settings", "settings")]
     from rag import ui
 
     assert ui.source_url(1, 0, 5, ["all"]).startswith(f"{links[1][1]}?")  # citation links open the Source page
@@ -129,7 +154,7 @@ def test_the_readers_groups_survive_a_page_change(guide_db: Path) -> None:
 
 
 @pytest.mark.parametrize("page", ["app.py", "pages/source.py", "pages/documents.py", "pages/chunks.py",
-                                  "pages/evaluation.py"])
+                                  "pages/evaluation.py", "pages/settings.py"])
 def test_every_page_opens_one_database_connection_per_run(guide_db: Path, page: str) -> None:
     opened: list[Path] = []
     real_open = store.open_db
@@ -196,6 +221,8 @@ def test_documents_page_indexes_uploads_and_refuses_unsupported_types(guide_db: 
     assert "Not indexed: report.docx: unsupported file type '.docx'" in shown
     assert (data_dir / "uploads" / "vpn.md").is_file() and not (data_dir / "uploads" / "report.docx").exists()
     assert "vpn.md" in list(at.dataframe[0].value["document"])
+    assert not at.file_uploader[0].value  # emptied: the next click must not index the same files again
+    assert at.button[0].disabled
 
 
 def test_documents_page_retries_failed_documents_and_reports_why_they_still_fail(guide_db: Path) -> None:
@@ -382,6 +409,83 @@ def test_chunk_map_shades_chunks_gaps_and_overlaps() -> None:
     assert f'<sup id="{ui.PASSAGE_ID}"' in out and ">#1</sup>" in out and ">#0</sup>" in out
 
 
+def test_a_quote_renders_as_markdown_with_no_live_link_image_or_html() -> None:
+    from rag import ui
+
+    quote = (
+        "---\ntitle: x\n---\n## Choosing another port\n\nStart the app with `make run PORT=8502` and open\n"
+        "http://localhost:8502 instead. See [the guide](http://evil.example/x) or ![pixel](http://evil.example/p.png),"
+        " <img src=x onerror=alert(1)>, mail root@evil.example, www.evil.example, $x^2$ & &amp; and \\`[a](b)`.\n\n"
+        "```bash\nmake run PORT=8502  # [not](a link)\n```\n- a *kept* list item"
+    )
+    out = ui.safe_markdown(quote)
+    assert "title: x" not in out  # no front matter
+    assert out.startswith("**Choosing another port**")  # a heading inside a card reads as a bold line
+    assert "`make run PORT=8502`" in out and "`http://localhost:8502` instead" in out  # the URL kept, as code
+    assert "\\[the guide\\](`http://evil.example/x`)" in out and "!\\[pixel\\](" in out
+    assert "\\<img src=x onerror=alert(1)\\>" in out and "`root@evil.example`" in out
+    assert "`www.evil.example`" in out and "\\$x^2\\$ \\& \\&amp;" in out
+    assert "```bash\nmake run PORT=8502  # [not](a link)\n```" in out  # fenced code stays code
+    assert "- a *kept* list item" in out
+    # Outside code, nothing is left that Markdown could read as a link or a tag.
+    outside = re.sub(r"(`+).*?\1", "", out, flags=re.DOTALL)
+    assert not re.search(r"(?<!\\)\[", outside) and not re.search(r"(?<!\\)<", outside)
+
+
+def test_a_code_span_cannot_be_opened_by_an_escaped_backtick() -> None:
+    from rag import ui
+
+    # CommonMark reads "\`" as a literal backtick: the link after it would be live if the
+    # span were copied through as written. Every code span is written anew instead.
+    out = ui.safe_markdown("\\`[x](http://evil.example)` tail")
+    assert out == "\\\\`[x](http://evil.example)` tail"  # an escaped backslash, then a code span
+    outside = re.sub(r"(`+).*?\1", "", out, flags=re.DOTALL)
+    assert "](" not in outside
+
+
+def test_the_extractive_quote_keeps_its_address() -> None:
+    # Regression: "...start the app with make run PORT=8502 and open instead." lost its URL.
+    from rag.models import Hit
+    from rag.verify import extractive_sentences
+
+    content = ("The port is a Makefile variable. To run a second copy next to the first one, start the app with "
+               "`make run PORT=8502` and open\nhttp://localhost:8502 instead.")
+    hit = Hit(1, 1, "installation.md", "Installing", "Installing > Port", content, 0, len(content), None, 0.2)
+    sentence = extractive_sentences("How do I start the app on another port?", hit, 1, None)[0]
+    assert "http://localhost:8502 instead." in sentence.text
+
+
+def test_timings_have_plain_labels_and_leave_out_stages_that_did_not_run() -> None:
+    from rag import ui
+    from rag.models import Answer
+
+    timings = {"retrieve": 12.0, "rerank": 0.0, "gate": 0.1, "total": 13.0}
+    refused = Answer("no_answer", "q", "", timings_ms=timings, trace={"stage": "hybrid"})
+    assert ui.timings_text(refused) == "searching 12 ms · relevance check 0 ms · **total 13 ms**"
+    written = Answer("answered", "q", "", llm_called=True, language="vi", trace={"stage": "rerank"}, timings_ms={
+        **timings, "first_token": 300.0, "first_text": 1500.0, "generate": 2400.0, "verify": 4.0, "total": 2500.0})
+    assert ui.timings_text(written) == (
+        "tìm kiếm 12 ms · xếp hạng lại 0 ms · kiểm tra độ liên quan 0 ms · từ đầu tiên 300 ms · "
+        "câu đầu tiên hiển thị 1.5 s · viết 2.4 s · kiểm chứng 4 ms · **tổng 2.5 s**")
+
+
+def test_the_gate_chart_keeps_its_labels_and_legend_inside() -> None:
+    from rag import ui
+    from rag.evaluate import Destroyed, EvalReport, GateSweep, GoldenRef, Leaks, QueryCounts, RunConfig
+    from rag.metrics import GatePoint
+
+    curve = (GatePoint(0.5, 0, 0, 3), GatePoint(0.9, 1, 1, 0))
+    sweep = GateSweep("dense", 4, "grid", 2, 2, GatePoint(0.55, 1, 1, 1, "current"), GatePoint(0.88, 0, 0, 3), curve)
+    config = RunConfig("t", "c", "e", "E", ("dense",), (1, 4), 4, True, GoldenRef("g", "", 4), None, {})
+    spec = ui.gate_chart(EvalReport(config, QueryCounts(4, 4, 2, 1, 1), {}, Destroyed((), 0, ()), Leaks(0, {}, ()),
+                                    sweep, ())).to_dict()
+    texts = [layer for layer in spec["layer"][2]["layer"]]
+    assert [t["mark"]["align"] for t in texts] == ["left", "right"]  # the right-hand label is written leftwards
+    legend = spec["layer"][0]["encoding"]["color"]["legend"]
+    assert legend["direction"] == "vertical" and legend["labelLimit"] == 0
+    assert spec["padding"]["right"] > 0
+
+
 def test_source_url_carries_the_range_and_the_readers_groups() -> None:
     from rag import ui
 
@@ -476,38 +580,58 @@ def forbidden_llm() -> Iterator[None]:
         yield
 
 
-def _scripted_stream(status: str, db: Path, fake: FakeEmbedder) -> Any:
-    """An ask_stream stand-in: real hits from the test database, a scripted answer citing [1]."""
-    from rag.config import load_settings
-    from rag.models import Answer, Sentence
-    from rag.retrieval import search
-    from rag.verify import make_citation
+class ScriptedStream:
+    """An ask_stream stand-in: real hits from the test database, a scripted answer citing [1].
 
-    def stream(question: str, **kwargs: Any) -> Iterator[Any]:
+    ``asked`` records each call's question and keyword arguments.
+    """
+
+    def __init__(self, status: str, db: Path, fake: FakeEmbedder) -> None:
+        self.status, self.db, self.fake = status, db, fake
+        self.asked: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, question: str, **kwargs: Any) -> Iterator[Any]:
+        from rag.config import load_settings
+        from rag.models import Answer, Retrieved, Sentence
+        from rag.retrieval import search
+        from rag.verify import make_citation
+
+        self.asked.append((question, kwargs))
         settings = load_settings()
-        conn = store.open_db(db)
+        conn = store.open_db(self.db)
         try:
-            hits = search(conn, "start the app on another port", embedder=fake, settings=settings, k=6)
+            hits = search(conn, "start the app on another port", embedder=self.fake, settings=settings, k=6)
         finally:
             conn.close()
         kept, dropped = hits[:2], hits[2:]
+        yield Retrieved(kept, dropped, "en", {"retrieve": 12.0, "rerank": 0.0, "gate": 0.1})
         first = "Run make run PORT=8502 to use another port [1]."
-        if status == "answered":
+        if self.status == "answered":
             yield "Run make run PORT=8502 "
             yield "to use another port [1]."
         yield Answer(
-            status=status, question=question, text=first if status == "answered" else kept[0].content[:80] + " [1]",
+            status=self.status, question=question,
+            text=first if self.status == "answered" else kept[0].content[:80] + " [1]",
             citations=[make_citation(1, kept[0])], sentences=[Sentence(first, [1], True, 0.9)], grounded=True,
-            llm_called=status == "answered", message="The model's sentences were not supported." if status ==
-            "extractive" else "", hits=kept, dropped=dropped,
-            timings_ms={"retrieve": 12.0, "gate": 0.1, "generate": 900.0, "verify": 3.0, "total": 920.0},
-            trace={"threshold": 0.675, "best_distance": kept[0].distance},
+            llm_called=self.status == "answered", message="The model's sentences were not supported." if
+            self.status == "extractive" else "", hits=kept, dropped=dropped, language=kwargs.get("language") or "en",
+            timings_ms={"retrieve": 12.0, "rerank": 0.0, "gate": 0.1, "first_token": 450.0, "first_text": 800.0,
+                        "generate": 900.0, "verify": 3.0, "total": 920.0},
+            trace={"threshold": 0.675, "best_distance": kept[0].distance, "stage": "hybrid"},
         )
 
-    return stream
+
+def _scripted_stream(status: str, db: Path, fake: FakeEmbedder) -> ScriptedStream:
+    return ScriptedStream(status, db, fake)
 
 
-def test_ask_page_streams_an_answer_with_citation_links_sources_and_timings(
+def details_texts(at: AppTest, turn: int = 0) -> str:
+    """The captions inside the Details fold of the ``turn``-th answer on the page."""
+    fold = [e for e in at.expander if e.label in ("Details", "Chi tiết")][turn]
+    return "\n".join(str(c.value) for c in fold.caption)
+
+
+def test_ask_page_streams_an_answer_with_citation_links_sources_and_details(
     guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
 ) -> None:
     with mock.patch("rag.ask.ask_stream", _scripted_stream("answered", guide_db, fake_models)):
@@ -518,11 +642,17 @@ def test_ask_page_streams_an_answer_with_citation_links_sources_and_timings(
     assert "source?document=" in answer and "&from=" in answer and "&to=" in answer and "groups=all" in answer
     assert answer.count("](source?") == 1  # the one [1]
     shown = texts(at)
-    assert "Sources" in shown and "distance" in shown and "dense rank" in shown
-    assert "retrieve 12 ms" in shown and "total 920 ms" in shown
+    assert "Sources" in shown and "Open the passage" in shown
+    details = details_texts(at)
+    # The numbers are folded under Details, once, with plain labels and only the stages that ran.
+    assert "distance" not in shown.replace(details, "") and "dense rank" not in shown
+    assert "rank 1 in meaning search" in details or "in meaning search" in details
+    assert "searching 12 ms" in details and "first word written 450 ms" in details
+    assert "first sentence shown 800 ms" in details and "total 920 ms" in details
+    assert "rerank" not in details and "first_text" not in details  # reranking was off; no raw keys
     hits = at.dataframe[0].value
     assert list(hits["gate"][:2]) == ["kept", "kept"] and len(hits) == 6
-    assert at.expander[0].label.startswith("All hits (2 kept, 4 turned away")
+    assert "All passages found (2 used, 4 not used)" in details
 
 
 def test_ask_page_holds_a_chat_of_several_answers_of_the_same_kind(
@@ -535,12 +665,12 @@ def test_ask_page_holds_a_chat_of_several_answers_of_the_same_kind(
         for question in ("How do I start the app on another port?", "Which port is used by default?"):
             at.chat_input[0].set_value(question).run()
             assert not at.exception, [e.value for e in at.exception]
-    assert sum("PORT=8502" in m.value for m in at.markdown) == 2
+    assert sum("PORT=8502" in m.value and "](source?" in m.value for m in at.markdown) == 2  # two answers
     monkeypatch.setenv("RAG_MAX_DISTANCE", "0.2")
     for question in ("Quelle est la meilleure recette de soufflé au chocolat", "Recette de crêpes au sarrasin"):
         at.chat_input[0].set_value(question).run()  # real ask_stream: refused by the strict gate
         assert not at.exception, [e.value for e in at.exception]
-    assert sum(w.value.startswith("**No answer.**") for w in at.warning) == 2
+    assert sum(m.value == "I couldn't find this in your documents." for m in at.markdown) == 2
     assert len(at.chat_input) == 1  # the chat box is still there
 
 
@@ -549,25 +679,176 @@ def test_ask_page_labels_an_extractive_answer(guide_db: Path, fake_models: FakeE
         at = run_page("app.py")
         at.chat_input[0].set_value("How do I start the app on another port?").run()
     assert not at.exception
-    assert "Extractive answer" in at.info[0].value
-    assert "not supported" in at.info[0].value
+    assert any("A quote from your documents" in c.value for c in at.caption)
+    assert "quoted from the best source" in details_texts(at)
 
 
-def test_ask_page_explains_the_gate_when_nothing_is_close_enough(
+def test_ask_page_refuses_in_plain_words_with_the_closest_passages_folded(
     guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The fake embedder's 64 hashed dimensions put unrelated texts at random distances around 1 ± 0.15,
     # so a strict threshold makes the refusal certain; the real model is exercised by test_browser.
     monkeypatch.setenv("RAG_MAX_DISTANCE", "0.2")
     at = run_page("app.py")
-    at.chat_input[0].set_value("Quelle est la meilleure recette de soufflé au chocolat").run()  # real ask_stream
+    at.chat_input[0].set_value("What is the best recipe for a chocolate soufflé?").run()  # real ask_stream
     assert not at.exception, [e.value for e in at.exception]
-    warning = at.warning[0].value
-    assert warning.startswith("**No answer.**") and "threshold is 0.200" in warning
-    shown = texts(at)
-    assert "Nearest passages — not close enough" in shown
-    assert "not close enough" in "\n".join(c.value for c in at.caption)
-    assert "(threshold 0.200)" in shown
+    assert "I couldn't find this in your documents." in [m.value for m in at.markdown]
+    assert not at.warning  # no "No answer." box with numbers
+    closest = next(e for e in at.expander if e.label == "Closest passages — not an answer")
+    assert len(closest.markdown) > 3  # up to three passages, each titled and quoted
+    details = details_texts(at)
+    assert "below 0.200" in details and "not asked" in details
+    outside = texts(at).replace(details, "")
+    assert "0.200" not in outside and "cosine" not in outside and "threshold" not in outside
+
+
+def test_ask_page_speaks_the_language_of_the_question(
+    guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAG_MAX_DISTANCE", "0.2")
+    at = run_page("app.py")
+    at.chat_input[0].set_value("Công thức làm bánh soufflé sô-cô-la ngon nhất là gì?").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Tôi không tìm thấy điều này trong tài liệu của bạn." in [m.value for m in at.markdown]
+    labels = [e.label for e in at.expander]
+    assert "Những đoạn gần nhất — không phải câu trả lời" in labels and "Chi tiết" in labels
+    assert "nhỏ hơn 0.200" in details_texts(at)
+    assert at.title[0].value == "Hỏi"  # the page follows the last question's language
+    assert at.button(key="rag-new-chat").label == "Cuộc trò chuyện mới"
+    assert at.chat_input[0].placeholder == "Đặt câu hỏi về tài liệu của bạn"
+
+
+def test_a_follow_up_is_searched_as_a_standalone_question_and_says_so(
+    guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
+) -> None:
+    stream = _scripted_stream("answered", guide_db, fake_models)
+    with mock.patch("rag.ask.ask_stream", stream):
+        at = run_page("app.py")
+        at.chat_input[0].set_value("How do I start the app on another port?").run()
+        at.chat_input[0].set_value("And which port does it use by default?").run()
+    assert not at.exception, [e.value for e in at.exception]
+    searched, options = stream.asked[1]
+    assert searched == "Which port does it use by default? (start app another)" and options["language"] == "en"
+    assert stream.asked[0][0] == "How do I start the app on another port?"  # the first one as typed
+    captions = [c.value for c in at.caption]
+    assert any("Searched for: Which port does it use by default? (start app another)" in c for c in captions)
+    assert sum("Searched for" in c for c in captions) == 1
+
+
+def test_the_chat_is_kept_across_reloads_and_a_new_chat_starts_empty(
+    guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
+) -> None:
+    with mock.patch("rag.ask.ask_stream", _scripted_stream("answered", guide_db, fake_models)):
+        at = run_page("app.py")
+        at.chat_input[0].set_value("How do I start the app on another port?").run()
+        reloaded = run_page("app.py")  # a new session: the chat comes back from the database
+        assert [m.value for m in reloaded.chat_message[0].markdown] == ["How do I start the app on another port?"]
+        assert any("PORT=8502" in m.value for m in reloaded.markdown)
+        reloaded.button(key="rag-new-chat").click().run()
+        assert not reloaded.exception
+        assert not reloaded.chat_message  # an empty chat, with the examples again
+        assert reloaded.button(key="rag-example-0")
+        reloaded.chat_input[0].set_value("Which port is used by default?").run()
+    again = run_page("app.py")
+    users = [msg.markdown[0].value for msg in again.chat_message if msg.name == "user"]
+    assert users == ["Which port is used by default?"]  # the newest chat is the one reopened
+
+
+def test_ask_again_replaces_the_last_answer(guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None) -> None:
+    stream = _scripted_stream("answered", guide_db, fake_models)
+    with mock.patch("rag.ask.ask_stream", stream):
+        at = run_page("app.py")
+        at.chat_input[0].set_value("How do I start the app on another port?").run()
+        at.button(key="rag-again").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [q for q, _ in stream.asked] == ["How do I start the app on another port?"] * 2
+    users = [msg for msg in at.chat_message if msg.name == "user"]
+    assert len(users) == 1  # replaced, not added
+
+
+def test_every_answer_can_be_copied_as_plain_text(guide_db: Path, fake_models: FakeEmbedder,
+                                                  forbidden_llm: None) -> None:
+    with mock.patch("rag.ask.ask_stream", _scripted_stream("answered", guide_db, fake_models)):
+        at = run_page("app.py")
+        at.chat_input[0].set_value("How do I start the app on another port?").run()
+    assert [c.value for c in at.main.code] == ["Run make run PORT=8502 to use another port [1]."]
+
+
+def test_a_stopped_answer_is_reported_and_can_be_asked_again(
+    guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
+) -> None:
+    from rag import ui
+
+    stream = _scripted_stream("answered", guide_db, fake_models)
+    with mock.patch("rag.ask.ask_stream", stream):
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+        at.session_state[ui.ASKING_KEY] = "How do I start the app on another port?"  # the last run was stopped
+        at.run()
+        assert not at.exception
+        assert "Stopped before the answer was finished." in [i.value for i in at.info]
+        at.button(key="rag-again-stopped").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [q for q, _ in stream.asked] == ["How do I start the app on another port?"]
+    assert not at.info
+
+
+def test_stream_answer_closes_the_stream_when_the_run_is_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Stop click interrupts the script run with an exception at the next Streamlit call; the
+    # answer stream must be closed then, or the model would stay locked.
+    from rag import ui
+    from rag.models import Retrieved
+
+    closed: list[bool] = []
+
+    def events() -> Iterator[Any]:
+        try:
+            yield Retrieved()
+            yield "One sentence [1]."
+            yield "Another one [1]."
+        finally:
+            closed.append(True)
+
+    def interrupted(text: str) -> str:
+        raise RuntimeError("stopped by the reader")
+
+    monkeypatch.setattr(ui, "safe_markdown", interrupted)
+    with pytest.raises(RuntimeError, match="stopped by the reader"):
+        ui.stream_answer(events(), ["all"], "en")
+    assert closed == [True]
+
+
+def test_the_landing_page_shows_what_is_indexed_and_asks_an_example(
+    guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
+) -> None:
+    stream = _scripted_stream("answered", guide_db, fake_models)
+    with mock.patch("rag.ask.ask_stream", stream):
+        at = run_page("app.py")
+        shown = texts(at)
+        assert "**13** documents in “default”" in shown and "fake/hash-bow-64" in shown
+        examples = [at.button(key=f"rag-example-{n}").label for n in range(3)]
+        assert examples[0] == "How do I start the app on another port?"
+        at.button(key="rag-example-0").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [q for q, _ in stream.asked] == [examples[0]]
+    assert not any(b.key == "rag-example-0" for b in at.button)  # a chat now: no examples
+
+
+def test_an_answer_given_to_more_groups_is_hidden_from_a_reader_with_fewer(
+    guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
+) -> None:
+    from rag import conversation
+    from rag.models import Answer
+
+    conn = store.open_db(guide_db)
+    try:
+        answer = Answer("answered", "q", "The admin page says secret things [1].", language="en")
+        conversation.save_turn(conn, collection="default", chat_id="c1", question="What does the admin page say?",
+                               searched="What does the admin page say?", answer=answer, groups=["all", "admin"])
+    finally:
+        conn.close()
+    at = run_page("app.py")
+    assert not any("secret things" in m.value for m in at.markdown)
+    assert any("switch *viewing as*" in i.value for i in at.info)
 
 
 def test_ask_page_reports_a_question_that_cannot_be_searched(
@@ -577,6 +858,24 @@ def test_ask_page_reports_a_question_that_cannot_be_searched(
     at.chat_input[0].set_value("???").run()
     assert not at.exception
     assert "nothing to search for" in at.error[0].value
+
+
+def test_the_app_loads_the_models_in_the_background_once(
+    guide_db: Path, fake_models: FakeEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded: list[tuple[Any, ...]] = []
+    monkeypatch.setenv("RAG_PRELOAD_MODELS", "true")
+    with mock.patch("rag.ui.llm", lambda *args: loaded.append(args)):
+        at = run_page("app.py")
+        at.run()  # a second run starts no second thread
+        from rag import ui
+
+        settings = load_settings()
+        thread = ui.warm_models(str(settings.db_path), "default", settings.llm_path, settings)
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert loaded == [(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)]
+    assert fake_models.calls >= 1  # the collection's embedder was called once to warm it
 
 
 def test_answer_markdown_links_each_marker_and_escapes_the_rest() -> None:
@@ -639,3 +938,38 @@ def test_source_view_without_a_link_offers_only_the_readers_documents(guide_db: 
     assert len(names) == 11 and not any("admin-operations.md" in n for n in names)
     assert any("(installation.md)" in n for n in names)
     assert "<mark" not in at.get("html")[0].proto.body
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+
+
+def test_settings_page_saves_a_validated_file(guide_db: Path, data_dir: Path) -> None:
+    at = run_page("pages/settings.py")
+    at.radio[0].set_value("e5")
+    at.radio[1].set_value("off")
+    at.number_input[0].set_value(0.6)
+    at.button(key="FormSubmitter:settings-Save settings").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Saved to" in texts(at)
+    settings = load_settings()
+    assert (settings.embedder, settings.rewrite, settings.max_distance) == ("e5", "off", 0.6)
+    at.text_input[0].input("/nowhere/model.gguf")
+    at.button(key="FormSubmitter:settings-Save settings").click().run()
+    assert "no GGUF model file at /nowhere/model.gguf" in texts(at)
+    assert load_settings().llm_path == ""  # nothing written
+
+
+def test_settings_page_applies_the_last_runs_recommended_threshold(guide_db: Path) -> None:
+    at = run_page("pages/settings.py")
+    assert "No evaluation run of this collection yet" in texts(at)
+    at.switch_page("pages/evaluation.py").run()
+    at.button(key="FormSubmitter:run-Run on “default”").click().run()
+    assert not at.exception
+    at.switch_page("pages/settings.py").run()
+    apply = next(b for b in at.button if b.label.startswith("Apply the recommended value"))
+    recommended = float(apply.label.split()[4])
+    apply.click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert f"now refuses beyond {recommended:.3f}" in texts(at)
+    assert f"**{recommended:.3f}** (the collection's own" in texts(at)

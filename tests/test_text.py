@@ -11,6 +11,7 @@ from rag.text import (
     MAX_KEYWORDS,
     VIETNAMESE_STOPWORDS,
     build_fts_query,
+    content_tokens,
     fold,
     is_stopword,
     keywords,
@@ -100,3 +101,11 @@ def test_fts_query_is_only_quoted_tokens(text: str) -> None:
     for token in keywords(text):
         assert token == fold(token)
         assert '"' not in token
+
+
+def test_content_tokens_keep_tones_and_drop_stopwords() -> None:
+    assert content_tokens("How do I start the app on another port?") == ["start", "app", "another", "port"]
+    assert content_tokens("Làm sao để chạy ứng dụng trên cổng khác?") == [
+        "làm", "chạy", "ứng", "dụng", "trên", "cổng", "khác"
+    ]
+    assert content_tokens("What is it?") == []  # no fallback to stopwords, unlike keywords()

@@ -1,0 +1,84 @@
+"""Settings: the models, how follow-up questions are read, and the refusal threshold — saved to
+``rag.toml`` in the data directory (``rag.config.write_settings`` validates before it writes).
+
+The threshold in force for a collection is its own calibrated one when it has one (stamped for
+its embedding model, or set from an evaluation run); the file's ``max_distance`` serves the
+collections without one.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from rag import config, gate, history, ui
+from rag.errors import RagError
+
+with ui.frame() as view:
+    settings = view.settings
+
+    st.title("Settings")
+    st.caption(f"Saved to `{config.settings_file()}`. Environment variables (`RAG_*`) win over the file.")
+    ui.show_flash()
+    overridden = config.env_overrides()
+    if overridden:
+        st.warning("Set by the environment, so a value saved here does not apply until it is unset: "
+                   + ", ".join(f"`{name}`" for name in overridden))
+
+    with st.form("settings"):
+        st.subheader("Models")
+        choices = list(dict.fromkeys([*ui.EMBEDDER_CHOICES, settings.embedder]))  # a model path stays offered
+        embedder = st.radio(
+            "Embedding model for new collections", choices,
+            index=choices.index(settings.embedder), horizontal=True,
+            help="minilm: English, fast. e5: multilingual (Vietnamese), about 8× slower to ingest. auto: chosen "
+            "from the files' language. An existing collection keeps the model it was built with.",
+        )
+        llm_path = st.text_input("Language model (a GGUF file; empty = the bundled Gemma-3-270M)",
+                                 value=settings.llm_path, placeholder="/home/me/models/model.gguf")
+        st.subheader("Conversation")
+        methods = ["rules", "model", "off"]
+        rewrite = st.radio(
+            "Follow-up questions", methods, index=methods.index(settings.rewrite), horizontal=True,
+            help="rules: a follow-up such as “And which port does it use?” is searched with the previous question's "
+            "words added (instant). model: the language model rewrites it (about 0.5 s; falls back to the rules). "
+            "off: every question is searched as typed.",
+        )
+        st.subheader("Refusal threshold")
+        default_threshold = st.number_input(
+            "Default threshold (collections without their own)", min_value=0.0, max_value=2.0,
+            value=float(settings.max_distance), step=0.005, format="%.3f",
+            help="A passage farther than this cosine distance from the question is not close enough to answer from.",
+        )
+        saved = st.form_submit_button("Save settings", type="primary")
+    if saved:
+        try:
+            path = config.write_settings({"embedder": embedder, "llm_path": llm_path.strip(), "rewrite": rewrite,
+                                          "max_distance": round(float(default_threshold), 4)})
+            ui.flash("success", f"Saved to {path}.")
+        except RagError as e:
+            ui.flash("error", str(e))
+        st.rerun()
+
+    in_force = gate.gate_threshold(settings, view.stamp)
+    own = view.stamp is not None and view.stamp.max_distance is not None
+    st.markdown(f"Threshold in force for “{view.collection}”: **{in_force:.3f}** "
+                + ("(the collection's own, for its model)" if own else "(the default above)"))
+    try:
+        recommendation = history.latest_recommendation(view.conn, view.collection)
+    except RagError as e:
+        ui.stop_on(e)
+    if recommendation is None:
+        st.caption("No evaluation run of this collection yet: run one on the Evaluation page to get a recommended "
+                   "threshold.")
+    else:
+        st.caption(f"Evaluation run #{recommendation.run_id} ({recommendation.golden_name}, "
+                   f"{recommendation.created_at[:16].replace('T', ' ')}) recommends **{recommendation.threshold:.3f}** "
+                   f"(it measured {recommendation.in_force:.3f}).")
+        if st.button(f"Apply the recommended value {recommendation.threshold:.3f} to “{view.collection}”",
+                     disabled=abs(recommendation.threshold - in_force) < 1e-9):
+            try:
+                applied = history.apply_recommendation(view.conn, view.collection)
+                ui.flash("success", f"“{view.collection}” now refuses beyond {applied.threshold:.3f}.")
+            except RagError as e:
+                ui.flash("error", str(e))
+            st.rerun()

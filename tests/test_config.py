@@ -1,0 +1,49 @@
+"""rag.config.write_settings: the Settings page's writer validates the whole file before writing it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rag.config import env_overrides, load_settings, settings_file, write_settings
+from rag.errors import RagError
+
+
+def test_written_settings_are_read_back_and_others_are_kept(data_dir: Path) -> None:
+    path = write_settings({"max_distance": 0.61, "rewrite": "model", "show_unsupported": True})
+    assert path == settings_file() == data_dir / "rag.toml"
+    write_settings({"embedder": "e5"})  # a second write keeps the first one's values
+    settings = load_settings()
+    assert (settings.max_distance, settings.rewrite, settings.show_unsupported, settings.embedder) == (
+        0.61, "model", True, "e5")
+    write_settings({"rewrite": None})  # None removes a setting: its default applies again
+    assert load_settings().rewrite == "rules" and "rewrite" not in path.read_text(encoding="utf-8")
+
+
+def test_strings_with_quotes_and_backslashes_survive(data_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / 'my "best" \\ model.gguf'
+    model.write_bytes(b"GGUF")
+    write_settings({"llm_path": str(model), "collection": "Tài liệu"})
+    assert load_settings().llm_path == str(model) and load_settings().collection == "Tài liệu"
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"max_distance": 3.0}, "max_distance must lie in [0, 2]"),
+    ({"rewrite": "magic"}, "rewrite must be"),
+    ({"top_k": "many"}, "top_k must be a whole number"),
+    ({"colour": "blue"}, "unknown setting 'colour'"),
+    ({"llm_path": "/nowhere/model.gguf"}, "no GGUF model file"),
+])
+def test_an_invalid_change_writes_nothing(data_dir: Path, changes: dict[str, object], message: str) -> None:
+    write_settings({"max_distance": 0.6})
+    before = settings_file().read_text(encoding="utf-8")
+    with pytest.raises(RagError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        write_settings(changes)
+    assert settings_file().read_text(encoding="utf-8") == before
+
+
+def test_environment_overrides_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert env_overrides() == []
+    monkeypatch.setenv("RAG_MAX_DISTANCE", "0.5")
+    assert env_overrides() == ["max_distance"]
