@@ -233,7 +233,9 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     if demo_is_current(conn, folder, settings):
         print(f"demo corpus already indexed in {settings.db_path} (collection {settings.collection!r})")
         return 0
-    args.paths, args.acl, args.strategy, args.embedder, args.json = [folder], None, None, None, False
+    # The guide is English with a Vietnamese part (docs/guide/vi): "auto" picks the multilingual e5
+    # for such a mixed corpus, so questions in both languages find their pages.
+    args.paths, args.acl, args.strategy, args.embedder, args.json = [folder], None, None, "auto", False
     args.prune = args.retry_failed = True
     return cmd_ingest(args, settings)
 

@@ -742,6 +742,9 @@ def index_health(conn: store.Connection, settings: Settings, collection: str | N
 # Choosing the embedding model of a collection
 
 VI_SHARE_FOR_E5 = 0.05  # Vietnamese prose scores 0.15-0.25 (corpus_vi); English scores 0.0
+# A mixed collection: this share of Vietnamese files makes "auto" pick e5 even when the pooled
+# letters stay under VI_SHARE_FOR_E5 (the demo guide: 3 Vietnamese pages of 15, 2.8 % of letters).
+VI_FILES_FOR_E5 = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -755,10 +758,7 @@ def spec_for_model_id(model_id: str) -> str:
     return model_id[5:] if model_id.startswith("path:") else model_id
 
 
-def sample_vietnamese_share(files: Sequence[FoundFile], limit_chars: int = 200_000) -> float:
-    """Share of distinctly Vietnamese letters over a sample of the files' text."""
-    from rag.text import vietnamese_share
-
+def _sample_texts(files: Sequence[FoundFile], limit_chars: int) -> list[str]:
     sample: list[str] = []
     size = 0
     for found in files:
@@ -770,7 +770,22 @@ def sample_vietnamese_share(files: Sequence[FoundFile], limit_chars: int = 200_0
             continue
         sample.append(text[: limit_chars - size])
         size += len(sample[-1])
-    return vietnamese_share("\n".join(sample))
+    return sample
+
+
+def sample_vietnamese_share(files: Sequence[FoundFile], limit_chars: int = 200_000) -> float:
+    """Share of distinctly Vietnamese letters over a sample of the files' text."""
+    from rag.text import vietnamese_share
+
+    return vietnamese_share("\n".join(_sample_texts(files, limit_chars)))
+
+
+def sample_vietnamese_files(files: Sequence[FoundFile], limit_chars: int = 200_000) -> float:
+    """Share of the sampled files that are Vietnamese (``VI_SHARE_FOR_E5`` of their letters or more)."""
+    from rag.text import vietnamese_share
+
+    texts = _sample_texts(files, limit_chars)
+    return sum(vietnamese_share(t) >= VI_SHARE_FOR_E5 for t in texts) / len(texts) if texts else 0.0
 
 
 def choose_embedder(
@@ -781,7 +796,8 @@ def choose_embedder(
 
     An existing collection keeps its own model (asking for another one is refused later, with a
     message naming `rag reindex`). A new collection takes ``requested`` (or ``settings.embedder``);
-    ``auto`` picks multilingual-e5-small when the files are Vietnamese, all-MiniLM-L6-v2 otherwise.
+    ``auto`` picks multilingual-e5-small when the files are Vietnamese or mixed (``VI_FILES_FOR_E5``
+    of them Vietnamese), all-MiniLM-L6-v2 otherwise.
     """
     from rag.embedding import E5_ID, MINILM_ID, MINILM_INT8_ID
 
@@ -791,12 +807,16 @@ def choose_embedder(
     spec = requested or settings.embedder
     if existing is not None or spec not in ("auto", "minilm", "minilm-fp32", MINILM_ID, MINILM_INT8_ID):
         return EmbedderChoice(spec, None)
-    share = sample_vietnamese_share(discover(paths))
+    found = discover(paths)
+    share = sample_vietnamese_share(found)
     vietnamese = share >= VI_SHARE_FOR_E5
     if spec == "auto":
-        chosen = "e5" if vietnamese else "minilm"
-        model = E5_ID if vietnamese else MINILM_INT8_ID
-        return EmbedderChoice(chosen, f"auto: {share:.0%} Vietnamese letters, using {model}")
+        files = sample_vietnamese_files(found) if not vietnamese else 1.0
+        mixed = not vietnamese and files >= VI_FILES_FOR_E5
+        chosen = "e5" if vietnamese or mixed else "minilm"
+        model = E5_ID if chosen == "e5" else MINILM_INT8_ID
+        why = f"{files:.0%} of the files in Vietnamese" if mixed else f"{share:.0%} Vietnamese letters"
+        return EmbedderChoice(chosen, f"auto: {why}, using {model}")
     if vietnamese:
         return EmbedderChoice(spec, f"these files look Vietnamese ({share:.0%} Vietnamese letters): "
                                     "all-MiniLM-L6-v2 is an English model; consider --embedder e5")

@@ -295,6 +295,23 @@ def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
     assert kept == type(kept)(FakeEmbedder.model_id, None)
 
 
+def test_choose_embedder_auto_picks_e5_for_a_mixed_collection(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    from rag.ingest import choose_embedder
+
+    mixed = tmp_path / "mixed"
+    english = "The VPN gateway refuses a connection when the user's certificate has expired.\n" * 20
+    for n in range(8):
+        write(mixed, f"en{n}.md", f"# Page {n}\n\n{english}")
+    write(mixed, "vi.md", "# Lỗi VPN\n\nKhi kết nối bị từ chối, hãy kiểm tra chứng chỉ của người dùng.\n")
+    picked = choose_embedder(conn, [mixed], requested="auto", settings=settings)
+    assert picked.spec == "e5" and "11% of the files in Vietnamese" in (picked.note or "")
+    for n in range(8, 12):  # one Vietnamese file in thirteen is not a mixed collection
+        write(mixed, f"en{n}.md", f"# Page {n}\n\n{english}")
+    assert choose_embedder(conn, [mixed], requested="auto", settings=settings).spec == "minilm"
+
+
 def test_save_uploads_refuses_unsupported_types_and_path_tricks(tmp_path: Path) -> None:
     from rag.ingest import save_uploads
 

@@ -88,7 +88,7 @@ def test_app_routes_to_ask_and_draws_the_frame(guide_db: Path) -> None:
 def test_frame_shows_health_and_groups_from_the_database(guide_db: Path) -> None:
     at = run_page("pages/documents.py")
     metrics = {m.label: m.value for m in at.sidebar.metric}
-    assert metrics["Documents"] == "13"
+    assert metrics["Documents"] == "16"  # docs/guide (15 files, 3 in vi/) + empty.md
     assert metrics["Failed"] == "1"
     assert int(metrics["Chunks"]) > 20
     viewing_as = at.sidebar.multiselect(key="groups")
@@ -108,7 +108,7 @@ def test_index_health_counts_the_selected_collection(guide_db: Path, fake_models
     finally:
         conn.close()
     at = run_page("pages/documents.py")
-    assert {m.label: m.value for m in at.sidebar.metric}["Documents"] == "13"
+    assert {m.label: m.value for m in at.sidebar.metric}["Documents"] == "16"
     at.sidebar.selectbox(key="collection").select("vpn").run()
     metrics = {m.label: m.value for m in at.sidebar.metric}
     assert (metrics["Documents"], metrics["Chunks"], metrics["Failed"]) == ("1", "1", "0")
@@ -185,7 +185,7 @@ def test_no_private_streamlit_switch_and_no_st_navigation() -> None:
 def test_documents_page_lists_statuses_with_the_failure_reason(guide_db: Path) -> None:
     at = run_page("pages/documents.py")
     table = at.dataframe[0].value
-    assert len(table) == 13
+    assert len(table) == 16
     failed = table[table["status"] == "failed"]
     assert list(failed["document"]) == ["empty.md"]
     assert failed["reason"].iloc[0]  # the reason is shown
@@ -824,7 +824,7 @@ def test_the_landing_page_shows_what_is_indexed_and_asks_an_example(
     with mock.patch("rag.ask.ask_stream", stream):
         at = run_page("app.py")
         shown = texts(at)
-        assert "**13** documents in “default”" in shown and "fake/hash-bow-64" in shown
+        assert "**16** documents in “default”" in shown and "fake/hash-bow-64" in shown
         examples = [at.button(key=f"rag-example-{n}").label for n in range(3)]
         assert examples[0] == "How do I start the app on another port?"
         at.button(key="rag-example-0").click().run()
@@ -935,7 +935,7 @@ def test_source_view_without_a_link_offers_only_the_readers_documents(guide_db: 
     at = run_page("pages/source.py")
     picker = next(s for s in at.main.selectbox if s.label == "Document")
     names = picker.options  # as shown: "Title (source)"
-    assert len(names) == 11 and not any("admin-operations.md" in n for n in names)
+    assert len(names) == 14 and not any("admin-operations.md" in n for n in names)
     assert any("(installation.md)" in n for n in names)
     assert "<mark" not in at.get("html")[0].proto.body
 
