@@ -536,6 +536,7 @@ _URL = re.compile(
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+\-]*)")
 _HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
+_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?\s*$")  # a table's header rule
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n.*?\n(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
 # What Markdown could turn into a link, an image, HTML, an entity, LaTeX or a code span. Emphasis,
 # lists and tables stay: they are the documents' own formatting.
@@ -600,6 +601,11 @@ def safe_markdown(text: str) -> str:
             for line in _escape_inline("\n".join(paragraph)).split("\n"):
                 heading = _HEADING.match(line)
                 lines.append(f"**{heading.group(1).strip()}**" if heading and heading.group(1).strip() else line)
+            # A passage may start inside a table, below its header: its rows are no table then, so
+            # each row keeps its own line (a hard break) instead of running into the next one.
+            if not any(_TABLE_RULE.match(line) for line in lines):
+                lines = [line + "\\" if line.lstrip().startswith("|") and i + 1 < len(lines) and
+                         lines[i + 1].lstrip().startswith("|") else line for i, line in enumerate(lines)]
             out.append("\n".join(lines))
             paragraph.clear()
 
@@ -671,7 +677,8 @@ def stream_answer(events: Iterator[Event], groups: Sequence[str], language: str,
     are added as they come. ``events`` is closed on the way out, whatever happens (a Stop click
     interrupts the run with an exception here): a half-read stream would keep the model locked.
     """
-    text_box = st.empty()
+    with st.container(key=f"rag-streaming-{turn}"):
+        text_box = st.empty()
     status = st.empty()
     sources = st.container()
     status.caption(say(language, "searching"))
@@ -757,13 +764,22 @@ def _card(n: int | None, title: str, section: str, source: str, page: int | None
     """One passage: number, document and section, where it lies, the quote, a link to open it."""
     with st.container(border=True):
         number = f"\\[{n}\\] " if n is not None else ""
-        st.markdown(f"**{number}{escape_markdown(title or source)}** — {escape_markdown(section)}")
+        heading = f"**{number}{escape_markdown(title or source)}**"
+        place = section_below(title, section)
+        st.markdown(heading + (f" — {_escape_inline(place)}" if place else ""))
         where = f" · {say(language, 'page', page=page)}" if page is not None else ""
         st.caption(escape_markdown(say(language, "source_line", source=source, page=where, start=start, end=end)))
         with st.container(key=key):
             st.markdown(safe_markdown(content))
         if url is not None:
             st.markdown(f"[:material/open_in_new: {say(language, 'open_passage')}]({url})")
+
+
+def section_below(title: str, section: str) -> str:
+    """A section path without the document title that opens it ("Guide > Install > Port" -> "Install > Port")."""
+    if section == title:
+        return ""
+    return section[len(title) + 3 :] if title and section.startswith(f"{title} > ") else section
 
 
 def _hit_cards(hits: Sequence[Hit], groups: Sequence[str], language: str, key: str) -> None:

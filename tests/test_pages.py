@@ -432,6 +432,17 @@ def test_a_quote_renders_as_markdown_with_no_live_link_image_or_html() -> None:
     assert not re.search(r"(?<!\\)\[", outside) and not re.search(r"(?<!\\)<", outside)
 
 
+def test_rows_of_a_table_cut_below_its_header_keep_their_lines() -> None:
+    from rag import ui
+
+    rows = "| `threads` | `0` | CPU threads. |\n| `seed` | `1337` | Fixed seed. |"
+    assert ui.safe_markdown(rows) == "| `threads` | `0` | CPU threads. |\\\n| `seed` | `1337` | Fixed seed. |"
+    table = "| a | b |\n| --- | --- |\n| 1 | 2 |"
+    assert ui.safe_markdown(table) == table  # a whole table stays a table
+    assert ui.section_below("Guide", "Guide > Install > Port") == "Install > Port"
+    assert ui.section_below("Guide", "Guide") == "" and ui.section_below("Guide", "Other") == "Other"
+
+
 def test_a_code_span_cannot_be_opened_by_an_escaped_backtick() -> None:
     from rag import ui
 
