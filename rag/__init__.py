@@ -27,6 +27,8 @@ _EXPORTS = {
     "load_language_model": "rag.llm",
     "load_reranker": "rag.rerank",
     "load_settings": "rag.config",
+    "ModelInfo": "rag.registry",
+    "Resources": "rag.resources",
     "open_db": "rag.store",
     "Reranker": "rag.rerank",
     "Embedder": "rag.embedding",

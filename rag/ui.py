@@ -3,7 +3,8 @@
 
 Pages stay thin (read widgets -> call one ``rag`` function -> render); decisions such as who may
 read a document live in the library (``rag.access``), not here. Only models are cached
-(``st.cache_resource``, keyed by their spec or path). A database connection is opened once per
+(``st.cache_resource``: the language model keyed by its path, the embedders inside one
+``rag.resources.Resources`` per ``Settings``). A database connection is opened once per
 run, by ``frame()``, handed to the page in its ``View`` and closed when the page's block ends:
 a ``sqlite3.Connection`` is bound to the thread that made it, and Streamlit reruns a session on
 any thread of its pool.
@@ -28,14 +29,15 @@ import streamlit as st
 from rag import store
 from rag.access import groups_from_param, known_groups
 from rag.config import Settings, data_dir, load_settings
-from rag.embedding import Embedder, load_embedder
+from rag.embedding import Embedder
 from rag.errors import NotFoundError, RagError
 from rag.evaluate import EvalReport, StageResult, StrategyTable
 from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
-from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health, spec_for_model_id
+from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health
 from rag.llm import LanguageModel, load_language_model
 from rag.models import Answer, Citation, Collection, Hit
+from rag.resources import Resources
 from rag.verify import MARKER as CITATION_MARKER
 
 Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.properties() may facet)
@@ -58,10 +60,21 @@ def connection(settings: Settings) -> Iterator[store.Connection]:
         conn.close()
 
 
-@st.cache_resource(show_spinner="Loading the embedding model…", max_entries=2)
-def embedder(spec: str) -> Embedder:
-    """An embedding model by name ("minilm", "e5") or directory path, loaded once per process."""
-    return load_embedder(spec)
+@st.cache_resource(max_entries=2, on_release=Resources.close)
+def resources(settings: Settings) -> Resources:
+    """The process's ``Resources`` for one ``Settings``: its models load once, on first use, and
+    are closed when a change of settings evicts it."""
+    return Resources(settings)
+
+
+def embedder(model_id: str) -> Embedder:
+    """An embedding model by id, name ("minilm", "e5") or directory path, loaded once per process
+    (through the ``Resources`` of this run's settings, the ones ``frame()`` reads)."""
+    owned = resources(load_settings())
+    if owned.has_model(model_id):
+        return owned.embedder(model_id)
+    with st.spinner("Loading the embedding model…"):
+        return owned.embedder(model_id)
 
 
 def _close_llm(model: LanguageModel) -> None:
@@ -79,8 +92,7 @@ def llm(path: str, n_ctx: int, threads: int, seed: int) -> LanguageModel:
 
 def collection_embedder(conn: store.Connection, collection: str) -> Embedder:
     """The embedding model a collection was built with (never another one); ``conn``: the run's connection."""
-    coll = store.require_collection(conn, collection)
-    return embedder(spec_for_model_id(coll.embedder))
+    return embedder(store.require_collection(conn, collection).embedder)
 
 
 def ingest_embedder(
@@ -92,7 +104,7 @@ def ingest_embedder(
     "auto": chosen from the language of the files). ``conn``: the run's connection.
     """
     picked = choose_embedder(conn, paths, requested=choice or None, settings=settings, collection=collection)
-    return embedder(picked.spec), picked.note
+    return embedder(picked.embedder_id), picked.note
 
 
 # ---------------------------------------------------------------------------------------------

@@ -248,7 +248,7 @@ def test_an_empty_question_is_a_query_error(indexed: store.Connection, settings:
 
 @pytest.fixture
 def cli_db(db_path: Path, indexed: store.Connection, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr("rag.embedding.load_embedder", lambda spec, threads=0: FakeEmbedder())
+    monkeypatch.setattr("rag.registry.load_embedder", lambda spec, threads=0: FakeEmbedder())
     return db_path
 
 

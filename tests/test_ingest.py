@@ -279,17 +279,17 @@ def test_moved_folder_updates_paths_so_prune_keeps_its_documents(
 def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
     conn: store.Connection, settings: Settings, tmp_path: Path, corpus: Path
 ) -> None:
-    from rag.embedding import E5_ID
+    from rag.embedding import E5_ID, MINILM_INT8_ID
     from rag.ingest import choose_embedder
 
     vi = tmp_path / "vi"
     write(vi, "a.txt", "Lỗi VPN-403 xử lý sao\n\nKhi kết nối bị từ chối, hãy kiểm tra chứng chỉ của người dùng.\n")
     auto = choose_embedder(conn, [vi], requested="auto", settings=settings)
-    assert auto.spec == "e5" and "Vietnamese" in (auto.note or "") and E5_ID in (auto.note or "")
+    assert auto.embedder_id == E5_ID and "Vietnamese" in (auto.note or "") and E5_ID in (auto.note or "")
     english = choose_embedder(conn, [corpus], requested="auto", settings=settings)
-    assert english.spec == "minilm"
+    assert english.embedder_id == MINILM_INT8_ID
     warned = choose_embedder(conn, [vi], requested=None, settings=settings)
-    assert warned.spec == "minilm" and "--embedder e5" in (warned.note or "")
+    assert warned.embedder_id == MINILM_INT8_ID and "--embedder e5" in (warned.note or "")
     ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
     kept = choose_embedder(conn, [vi], requested="auto", settings=settings)
     assert kept == type(kept)(FakeEmbedder.model_id, None)
