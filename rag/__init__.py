@@ -35,10 +35,10 @@ _EXPORTS = {
     "LanguageModel": "rag.llm",
     "STAGES": "rag.retrieval",
     # data model and errors
-    "Answer": "rag.models",
-    "Chunk": "rag.models",
-    "Citation": "rag.models",
-    "Hit": "rag.models",
+    "Answer": "rag.records",
+    "Chunk": "rag.records",
+    "Citation": "rag.records",
+    "Hit": "rag.records",
     "Settings": "rag.config",
     "RagError": "rag.errors",
 }

@@ -23,7 +23,7 @@ from rag.config import Settings, load_settings
 from rag.embedding import Embedder
 from rag.generate import answer_stream, shared_llm, start_generation
 from rag.llm import LanguageModel
-from rag.models import Answer, Hit
+from rag.records import Answer, Hit
 from rag.registry import load_embedder
 from rag.rerank import LlmLoader, Reranker, rerank_hits
 from rag.retrieval import check_query, search

@@ -67,7 +67,7 @@ from rag.generate import answer_stream, start_generation
 from rag.golden import GoldenItem, expand_queries, is_relevant, load_golden
 from rag.ingest import chunk_budget, discover, ingest, load_acl
 from rag.llm import load_language_model
-from rag.models import Answer, Chunk
+from rag.records import Answer, Chunk
 from rag.registry import load_embedder
 from rag.text import build_fts_query, fold
 

@@ -682,7 +682,7 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
     from rag.ask import ask, ask_stream
     from rag.errors import QueryError
-    from rag.models import Answer
+    from rag.records import Answer
 
     settings = resources.settings
     if (args.query is None) == (args.queries is None):

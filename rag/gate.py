@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from rag.config import Settings
-from rag.models import Collection, Hit
+from rag.records import Collection, Hit
 
 REASON_DISTANCE = "distance"  # prefix of the reason given to a hit that is too far
 REASON_CAPACITY = "capacity"  # prefix of the reason given to a close hit beyond max_sources

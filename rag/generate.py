@@ -33,7 +33,7 @@ from rag.embedding import Embedder
 from rag.errors import RagError
 from rag.llm import LanguageModel, Message, load_language_model
 from rag.llm import bundled_gguf_path as bundled_gguf_path  # re-exported: its old home
-from rag.models import Answer, Hit
+from rag.records import Answer, Hit
 from rag.text import detect_language
 from rag.verify import draft_answer, judge_sentences, remove_urls, shown_piece, verify_answer
 

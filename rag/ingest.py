@@ -25,7 +25,7 @@ from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import ExtractionError, RagError
 from rag.extract import EXTRACTOR_VERSIONS, SUPPORTED_SUFFIXES, extract, extractor_for
-from rag.models import Chunk, Collection, DocumentInfo, Extracted
+from rag.records import Chunk, Collection, DocumentInfo, Extracted
 from rag.text import FOLD_VERSION, fold
 
 log = logging.getLogger(__name__)

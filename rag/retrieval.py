@@ -33,7 +33,7 @@ from rag import store
 from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import QueryError
-from rag.models import Hit
+from rag.records import Hit
 from rag.rerank import Reranker, rerank_hits, rerank_text
 from rag.text import build_fts_query, fold, keywords, quote_fts
 

@@ -36,7 +36,7 @@ from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
 from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health
 from rag.llm import LanguageModel, load_language_model
-from rag.models import Answer, Citation, Collection, Hit
+from rag.records import Answer, Citation, Collection, Hit
 from rag.resources import Resources
 from rag.verify import MARKER as CITATION_MARKER
 

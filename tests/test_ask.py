@@ -12,7 +12,7 @@ from rag import cli, store
 from rag.ask import ask, ask_stream
 from rag.config import Settings, load_settings
 from rag.ingest import ingest
-from rag.models import Answer, Hit
+from rag.records import Answer, Hit
 
 from .conftest import GUIDE
 from .fakes import FailingLLM, FakeEmbedder, FakeLLM

@@ -19,7 +19,7 @@ from rag.errors import RagError
 from rag.evaluate import EvalReport
 from rag.golden import Golden, is_relevant, parse_golden
 from rag.metrics import hit_rate_at_k, paired_counts, sign_test, wilson_interval
-from rag.models import Hit
+from rag.records import Hit
 
 from .conftest import ROOT
 from .evalkit import GOLDEN, NEEDLE, SCRIPT, ScriptedSearch, build_db, run

@@ -479,7 +479,7 @@ def forbidden_llm() -> Iterator[None]:
 def _scripted_stream(status: str, db: Path, fake: FakeEmbedder) -> Any:
     """An ask_stream stand-in: real hits from the test database, a scripted answer citing [1]."""
     from rag.config import load_settings
-    from rag.models import Answer, Sentence
+    from rag.records import Answer, Sentence
     from rag.retrieval import search
     from rag.verify import make_citation
 
@@ -581,7 +581,7 @@ def test_ask_page_reports_a_question_that_cannot_be_searched(
 
 def test_answer_markdown_links_each_marker_and_escapes_the_rest() -> None:
     from rag import ui
-    from rag.models import Answer, Citation, Hit
+    from rag.records import Answer, Citation, Hit
 
     hit = Hit(5, 9, "a.md", "A", "A > B", "quoted", 10, 16, None, 0.2)
     citation = Citation(1, 5, "A", "a.md", "A > B", "#char=10,16", 10, 16, None, "quoted", 0.2)

@@ -18,7 +18,7 @@ from rag import retrieval, store
 from rag.config import Settings
 from rag.errors import IndexMismatchError, NotFoundError, QueryError
 from rag.ingest import ingest
-from rag.models import Chunk, Hit
+from rag.records import Chunk, Hit
 from rag.retrieval import (
     RRF_K,
     STAGES,
