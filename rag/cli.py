@@ -695,7 +695,7 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     embedder = resources.embedder(coll.embedder)  # loaded once; the LLM too
     options: dict[str, Any] = {
         "conn": conn, "settings": settings, "collection": coll.name, "embedder": embedder,
-        "generate": not args.no_generate,
+        "generate": not args.no_generate, "resources": resources,
     }
     if batch is not None:
         for item in batch:

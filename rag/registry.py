@@ -124,7 +124,7 @@ def _e5(threads: int = 0, cache_dir: Path | None = None) -> Embedder:
 
 
 def _language_model_loader() -> Callable[[str, int, int, int], Any]:
-    """``rag.llm.load_language_model`` (``rag.generate.load_llm`` is its old name), imported on use:
+    """``rag.llm.load_language_model``, imported on use:
     llama-cpp-python and its OpenMP setting load only when a language model is built."""
     return importlib.import_module("rag.llm").load_language_model
 
