@@ -1150,7 +1150,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--prune", action="store_true", help="remove documents whose files are gone")
     p.add_argument("--retry-failed", action="store_true", help="retry documents that failed before")
     p.add_argument("--strategy", choices=list("ABCDEFR"), help="chunking strategy (default: the collection's, E)")
-    p.add_argument("--embedder", help="minilm | e5 | auto | PATH of a sentence-transformers model (new collections)")
+    p.add_argument("--embedder", help="auto (default: by the files' language) | minilm | e5 | PATH of a "
+                   "sentence-transformers model (new collections; an existing one keeps its own)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     handlers["ingest"] = cmd_ingest
 

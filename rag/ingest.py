@@ -779,7 +779,11 @@ def choose_embedder(
     share = sample_vietnamese_share(discover(paths))
     if info is None:
         picked = registry.auto_embedder(share)
-        return EmbedderChoice(picked.id, f"auto: {share:.0%} Vietnamese letters, using {picked.id}")
+        language = "Vietnamese" if registry.auto_language(share) == "vi" else "not Vietnamese"
+        return EmbedderChoice(picked.id, f"embedder auto: {share:.0%} of the letters are Vietnamese ({language}; "
+                                         f"Vietnamese from {registry.AUTO_VIETNAMESE_SHARE:.0%}), so the new "
+                                         f"collection uses {picked.id}; it keeps "
+                                         "this model")
     if registry.auto_language(share) == "vi":
         trained = "an English model" if info.languages == ("en",) else f"a model for {', '.join(info.languages)}"
         return EmbedderChoice(info.id, f"these files look Vietnamese ({share:.0%} Vietnamese letters): "

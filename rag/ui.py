@@ -43,7 +43,7 @@ from rag.verify import MARKER as CITATION_MARKER
 Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.properties() may facet)
 NEXT_COLLECTION_KEY = "_rag_next_collection"  # a collection the sidebar must select on the next run
 SOURCE_PAGE = "source"  # URL path of pages/source.py: Streamlit takes it from the file name
-EMBEDDER_CHOICES = ("minilm", "e5", "auto", "minilm-fp32")  # offered for NEW collections (issue 9)
+EMBEDDER_CHOICES = ("auto", "minilm", "e5", "minilm-fp32")  # offered for NEW collections; the first is the default
 
 
 # ---------------------------------------------------------------------------------------------

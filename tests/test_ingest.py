@@ -288,7 +288,9 @@ def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
     assert auto.embedder_id == E5_ID and "Vietnamese" in (auto.note or "") and E5_ID in (auto.note or "")
     english = choose_embedder(conn, [corpus], requested="auto", settings=settings)
     assert english.embedder_id == MINILM_INT8_ID
-    warned = choose_embedder(conn, [vi], requested=None, settings=settings)
+    default = choose_embedder(conn, [vi], requested=None, settings=settings)  # auto is the default
+    assert default.embedder_id == E5_ID and "embedder auto" in (default.note or "")
+    warned = choose_embedder(conn, [vi], requested="minilm", settings=settings)
     assert warned.embedder_id == MINILM_INT8_ID and "--embedder e5" in (warned.note or "")
     ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
     kept = choose_embedder(conn, [vi], requested="auto", settings=settings)
