@@ -65,7 +65,7 @@ from rag.errors import RagError
 from rag.extract import extract
 from rag.generate import answer_stream, start_generation
 from rag.golden import GoldenItem, expand_queries, is_relevant, load_golden
-from rag.ingest import chunk_budget, discover, ingest, load_acl
+from rag.ingest import chunk_budget, discover, embedder_for_files, ingest, load_acl
 from rag.llm import load_language_model
 from rag.records import Answer, Chunk
 from rag.registry import load_embedder
@@ -632,7 +632,7 @@ def run_bench(
 
         # --- embedding: encode comparison, then ingest with each model (recall needs both)
         with section(sections, "embedding", progress):
-            project = embedder or load_embedder(settings.embedder, settings.threads)
+            project = embedder or load_embedder(embedder_for_files([corpus.path], settings.embedder), settings.threads)
             baseline = reference or load_embedder("minilm-fp32", settings.threads)
             chunks = chunk_corpus(corpus.path, project, settings)
             texts = [c.text for c in chunks][: 48 if options.quick else 320]

