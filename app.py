@@ -46,7 +46,7 @@ with ui.frame() as view:
                     answer = ui.stream_answer(
                         ask.ask_stream(
                             question, settings=settings, groups=view.groups, collection=view.collection,
-                            embedder=model, llm=llm, conn=view.conn,
+                            embedder=model, llm=llm, conn=view.conn, resources=ui.resources(settings),
                         )
                     )
             except RagError as e:

@@ -26,7 +26,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from rag import store
+from rag import registry, store
 from rag.access import groups_from_param, known_groups
 from rag.config import Settings, data_dir, load_settings
 from rag.embedding import Embedder
@@ -35,7 +35,7 @@ from rag.evaluate import EvalReport, StageResult, StrategyTable
 from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
 from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health
-from rag.llm import LanguageModel, load_language_model
+from rag.llm import LanguageModel
 from rag.records import Answer, Citation, Collection, Hit
 from rag.resources import Resources
 from rag.verify import MARKER as CITATION_MARKER
@@ -87,7 +87,8 @@ def llm(path: str, n_ctx: int, threads: int, seed: int) -> LanguageModel:
 
     Shared by every session's thread: the model holds its own lock around every call.
     """
-    return load_language_model(path, n_ctx=n_ctx, threads=threads, seed=seed)
+    model: LanguageModel = registry.load_language_model(path, n_ctx=n_ctx, threads=threads, seed=seed)
+    return model  # path: a registered name ("qwen-0.5b"), a .gguf path, or "" for the default
 
 
 def collection_embedder(conn: store.Connection, collection: str) -> Embedder:
