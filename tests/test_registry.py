@@ -17,7 +17,7 @@ import pytest
 
 from rag import chunking, registry, store
 from rag.config import Settings
-from rag.embedding import E5_ID, MINILM_ID, MINILM_INT8_ID, max_tokens_for
+from rag.embedding import E5_ID, E5_INT8_ID, MINILM_ID, MINILM_INT8_ID, max_tokens_for
 from rag.errors import ModelLoadError, RagError
 from rag.ingest import document_statuses, ingest, pipeline_version
 from rag.registry import EMBEDDER, LANGUAGE_MODEL, RERANKER, ModelInfo, Registry
@@ -116,8 +116,8 @@ def test_paths_resolve_to_user_models(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kind", "expected"), [
-    (EMBEDDER, "unknown embedder 'nope': use 'minilm', 'minilm-fp32', 'e5' or the path of a sentence-transformers "
-               "directory"),
+    (EMBEDDER, "unknown embedder 'nope': use 'minilm', 'minilm-fp32', 'e5', 'e5-int8' or the path of a "
+               "sentence-transformers directory"),
     (LANGUAGE_MODEL, "unknown language model 'nope': use 'gemma', 'qwen-0.5b', 'qwen-1.5b' or the path of a "
                      ".gguf file"),
     (RERANKER, "unknown reranker 'nope': use 'none', 'cross-encoder', 'llm' or the directory of a "
@@ -139,7 +139,7 @@ def test_a_taken_id_or_alias_is_refused() -> None:
 
 def test_listing_is_bundled_first_in_registration_order() -> None:
     ids = [info.id for info in registry.list_models(EMBEDDER)]
-    assert ids == [MINILM_INT8_ID, MINILM_ID, E5_ID]
+    assert ids == [MINILM_INT8_ID, MINILM_ID, E5_ID, E5_INT8_ID]
     assert {info.kind for info in registry.list_models()} == {EMBEDDER, LANGUAGE_MODEL, RERANKER}
 
 
