@@ -120,11 +120,18 @@ def answer_signals(conn: store.Connection, question: str, answer: Answer, thresh
         kept[0].dense_rank, kept[0].sparse_rank, threshold,
     )
     raw = str(answer.trace.get("raw", ""))
-    written = len(answer.sentences) if answer.llm_called else 0
-    verified = sum(s.supported for s in answer.sentences) / written if written else 0.0
+    written, supported = written_sentences(answer)
+    verified = supported / written if written else 0.0
     signals = asdict(base)
     signals.update(lm_refused=float(answer.llm_called and declined(raw)), verified=verified)
     return signals
+
+
+def written_sentences(answer: Answer) -> tuple[int, int]:
+    """(sentences the model wrote, of them verified), from the verification trace; (0, 0) without a model."""
+    if not answer.llm_called:
+        return 0, 0
+    return int(answer.trace.get("sentences_written", 0)), int(answer.trace.get("sentences_supported", 0))
 
 
 def correct(answer: Answer, query: Query) -> bool:
@@ -160,12 +167,11 @@ def run_answers(
     for index, query in enumerate(queries, start=1):
         answer = ask_module.ask(query.text, conn=conn, settings=settings, groups=query.groups, collection=name,
                                 embedder=embedder, generate=generate, resources=resources)
-        model_sentences = len(answer.sentences) if answer.llm_called else 0
+        written, supported = written_sentences(answer)
         rows.append(AnswerRow(
             id=query.id, kind=query.kind, status=answer.status,
             correct=query.kind == "answerable" and correct(answer, query),
-            model_sentences=model_sentences,
-            supported_sentences=sum(s.supported for s in answer.sentences) if answer.llm_called else 0,
+            model_sentences=written, supported_sentences=supported,
             first_text_ms=answer.timings_ms.get("first_text"), total_ms=answer.timings_ms.get("total", 0.0),
             signals=answer_signals(conn, query.text, answer, threshold),
         ))

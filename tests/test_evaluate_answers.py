@@ -90,3 +90,21 @@ def test_cli_eval_answers_prints_the_figures(
     assert "answered_correct" in printed and "bluffs" in printed
     saved = json.loads(out.read_text(encoding="utf-8"))
     assert saved["language_model"] == "none (extractive)" and len(saved["rows"]) == 2
+
+
+def test_unsupported_model_sentences_are_counted_from_the_trace(
+    setup: tuple[store.Connection, Settings, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn, settings, golden = setup
+
+    def wrong_model(self: Any, name: str | None = None) -> FakeLLM:
+        model: FakeLLM = self._cached("language_model", "wrong", lambda: FakeLLM(
+            "1], the moon is made of green cheese and opens at noon."), lambda _m: "wrong")
+        return model
+
+    monkeypatch.setattr(Resources, "language_model", wrong_model)
+    with Resources(settings) as resources:
+        report = run_answers(conn, load_golden(golden), resources=resources, settings=settings, limit=1)
+    [row] = report.rows
+    assert row.status == "extractive" and row.model_sentences == 1 and row.supported_sentences == 0
+    assert report.figures()["support_rate"] == 0.0 and row.signals["verified"] == 0.0
