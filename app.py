@@ -93,7 +93,8 @@ with ui.frame() as view:
                 answer = ui.stream_answer(
                     ask.ask_stream(
                         rewrite.searched, settings=settings, groups=view.groups, collection=view.collection,
-                        embedder=model, llm=llm, conn=view.conn, language=rewrite.language,
+                        embedder=model, llm=llm, conn=view.conn, resources=ui.resources(settings),
+                        language=rewrite.language,
                     ),
                     view.groups, rewrite.language,
                 )

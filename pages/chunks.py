@@ -10,8 +10,8 @@ import streamlit as st
 from rag import access, ui
 from rag.audit import audit_document, audit_table
 from rag.chunking import STRATEGIES
-from rag.embedding import max_tokens_for
 from rag.errors import RagError
+from rag.registry import encoder_window
 
 with ui.frame() as view:
     st.title("Chunks")
@@ -30,7 +30,7 @@ with ui.frame() as view:
     except RagError as e:
         ui.stop_on(e)
     text = doc["canonical_text"] or ""
-    window = max_tokens_for(coll.embedder)
+    window = encoder_window(coll.embedder)
 
     sections = list(dict.fromkeys(r["section"] for r in rows))
     left, right = st.columns([2, 1])

@@ -26,7 +26,7 @@ from typing import Any
 
 from rag import store
 from rag.errors import NotFoundError, QueryError
-from rag.models import DocumentInfo
+from rag.records import DocumentInfo
 
 Groups = Sequence[str] | None  # a reader's groups; None: the operator, who sees every document
 OPERATOR: Groups = None  # spelled out where a caller reads as the operator

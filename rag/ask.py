@@ -14,6 +14,7 @@ the one generate -> verify loop; reranking is ``rag.rerank.rerank_hits``, the on
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,12 +22,12 @@ from typing import Any
 
 from rag import gate, store
 from rag.config import Settings, load_settings
-from rag.embedding import Embedder, load_embedder
-from rag.generate import answer_stream, shared_llm, start_generation
-from rag.ingest import spec_for_model_id
+from rag.embedding import Embedder
+from rag.generate import answer_stream, start_generation
 from rag.llm import LanguageModel
-from rag.models import Answer, Hit, Retrieved
-from rag.rerank import LlmLoader, Reranker, rerank_hits
+from rag.records import Answer, Hit, Retrieved
+from rag.rerank import Reranker, rerank_hits
+from rag.resources import Resources
 from rag.retrieval import check_query, search
 from rag.text import detect_language
 from rag.verify import extractive
@@ -50,6 +51,7 @@ def ask(
     reranker: Reranker | None = None,
     generate: bool = True,
     language: str | None = None,
+    resources: Resources | None = None,
 ) -> Answer:
     """Answer ``question`` from the documents a reader holding ``groups`` may see.
 
@@ -61,9 +63,10 @@ def ask(
         groups: the reader's access groups.
         collection: the collection to search (default ``settings.collection``).
         embedder: the collection's embedding model (loaded from the collection's stamp when None).
-        llm: a ``rag.llm.LanguageModel`` (default: built once per process from ``settings``); it is
-            only loaded when the gate lets something through (or an LLM reranker needs it). It
-            serialises its own calls, so one model may serve many threads.
+        llm: a ``rag.llm.LanguageModel`` (default: ``resources.language_model()``, or a model
+            loaded for this call and closed after it); it is only loaded when the gate lets
+            something through (or an LLM reranker needs it). It serialises its own calls, so one
+            model may serve many threads.
         search_fn: the retrieval function (default ``rag.retrieval.search``).
         reranker: a ``rag.rerank.Reranker``, used whenever given (even when ``settings.rerank`` is
             "none"); when None, the one ``settings.rerank`` names, if any.
@@ -71,6 +74,8 @@ def ask(
         language: "en" or "vi", the language to answer in (default: detected from ``question``;
             a chat passes the language of what the reader typed when it searches a rewritten
             question).
+        resources: the ``rag.resources.Resources`` that own the models and the Hamming code
+            cache (a CLI command's, the app's); None = what this call loads, it closes.
 
     Returns:
         An ``Answer``: ``no_answer`` (the gate refused, the model was not called), ``answered``
@@ -84,6 +89,7 @@ def ask(
     for item in ask_stream(
         question, db=db, conn=conn, settings=settings, groups=groups, collection=collection, embedder=embedder,
         llm=llm, search_fn=search_fn, reranker=reranker, generate=generate, language=language,
+        resources=resources,
     ):
         if isinstance(item, Answer):
             final = item
@@ -106,6 +112,7 @@ def ask_stream(
     reranker: Reranker | None = None,
     generate: bool = True,
     language: str | None = None,
+    resources: Resources | None = None,
 ) -> Iterator[str | Retrieved | Answer]:
     """Like ``ask()``, but yield the gated sources, then text as verified sentences become
     available, then the ``Answer``.
@@ -119,7 +126,9 @@ def ask_stream(
     the model is busy (its lock held) while it generates.
     """
     started = time.perf_counter()
-    settings = settings or load_settings(db_path=db)
+    settings = settings or (resources.settings if resources is not None else load_settings(db_path=db))
+    own_resources = resources is None  # models loaded for this call only are closed with it
+    owned = Resources(settings) if resources is None else resources
     own_conn = conn is None
     if conn is None:
         conn = store.open_db(db or settings.db_path)
@@ -127,16 +136,13 @@ def ask_stream(
         yield from _ask_stream(
             question, conn=conn, settings=settings, groups=groups, collection=collection or settings.collection,
             embedder=embedder, llm=llm, search_fn=search_fn, reranker=reranker, generate=generate, started=started,
-            language=language,
+            language=language, resources=owned,
         )
     finally:
         if own_conn:
             conn.close()
-
-
-def _loader_of(model: LanguageModel) -> LlmLoader:
-    """A model loader that returns ``model`` (an LLM reranker then shares the caller's model)."""
-    return lambda *_: model
+        if own_resources:
+            owned.close()
 
 
 def _ms(since: float) -> float:
@@ -157,15 +163,18 @@ def _ask_stream(
     generate: bool,
     started: float,
     language: str | None,
+    resources: Resources,
 ) -> Iterator[str | Retrieved | Answer]:
     timings: dict[str, float] = {}
     language = language or detect_language(question)
     coll = store.get_collection(conn, collection)
     if embedder is None:
-        model_id = store.require_collection(conn, collection).embedder
-        embedder = load_embedder(spec_for_model_id(model_id), settings.threads)
+        embedder = resources.collection_embedder(conn, collection)
     if search_fn is None:
-        search_fn = search
+        search_fn = functools.partial(search, hamming_cache=resources.hamming_cache)
+
+    def language_model(*_: Any) -> LanguageModel:
+        return llm if llm is not None else resources.language_model(settings.llm_path)
 
     # --- retrieve (and rerank)
     reranking = reranker is not None or settings.rerank != "none"
@@ -178,8 +187,8 @@ def _ask_stream(
     timings["retrieve"] = _ms(clock)
     clock = time.perf_counter()
     if reranking:  # an LLM reranker built here shares the caller's model, when given
-        loader = shared_llm if llm is None else _loader_of(llm)
-        hits = rerank_hits(check_query(question), hits, settings=settings, reranker=reranker, llm_loader=loader)
+        hits = rerank_hits(check_query(question), hits, settings=settings, reranker=reranker,
+                           llm_loader=language_model)
     timings["rerank"] = _ms(clock)
 
     # --- gate
@@ -215,10 +224,9 @@ def _ask_stream(
         return
 
     # --- generate, releasing verified sentences as they complete
-    if llm is None:
-        llm = shared_llm(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
-    generation = start_generation(llm, question, kept, settings=settings, language=language)
-    for item in answer_stream(llm, generation, settings=settings, embedder=embedder, started=started):
+    model = language_model()
+    generation = start_generation(model, question, kept, settings=settings, language=language)
+    for item in answer_stream(model, generation, settings=settings, embedder=embedder, started=started):
         if not isinstance(item, Answer):
             yield item
             continue

@@ -23,7 +23,7 @@ from rag.chunking import (
     split_sentences,
 )
 from rag.errors import RagError
-from rag.models import Chunk, Extracted
+from rag.records import Chunk, Extracted
 
 if TYPE_CHECKING:
     from rag.config import Settings

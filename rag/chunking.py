@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from markdown_it import MarkdownIt
 from markdown_it.tree import SyntaxTreeNode
 
-from rag.models import Chunk, Extracted
+from rag.records import Chunk, Extracted
 from rag.text import relevance_norm
 
 CHUNKER_VERSION = "1"

@@ -20,8 +20,9 @@ from rag.errors import RagError
 if TYPE_CHECKING:  # the eval types, for hints only: `rag ingest` must not pay for importing scipy
     from rag.evaluate import Comparison, EvalReport, GateSweep, StrategyTable
     from rag.history import Flip, StoredRun
+    from rag.resources import Resources
 
-Handler = Callable[[argparse.Namespace, Settings], int]
+Handler = Callable[[argparse.Namespace, "Resources"], int]
 
 
 def _json_default(value: Any) -> Any:
@@ -52,14 +53,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         db_path=getattr(args, "db", None),
         collection=getattr(args, "collection", None),
         embedder=getattr(args, "embedder", None),
+        llm_path=getattr(args, "llm_path", None),
     )
-
-
-def _open(settings: Settings, create: bool = False) -> Any:
-    """The database; only commands that write documents (ingest, demo) may create it."""
-    from rag import store
-
-    return store.open_db(settings.db_path, create=create)
 
 
 def _common(parser: argparse.ArgumentParser, collection: bool = True) -> None:
@@ -92,16 +87,16 @@ def _progress_bar(total_hint: str) -> tuple[Callable[[int, int, int, str], None]
     return update, close
 
 
-def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
-    from rag.embedding import load_embedder
+def cmd_ingest(args: argparse.Namespace, resources: Resources) -> int:
     from rag.ingest import choose_embedder, ingest, load_acl
 
+    settings = resources.settings
     acl = load_acl(args.acl)  # a bad access map is refused before anything is created or indexed
-    conn = _open(settings, create=True)
+    conn = resources.connect(create=True)
     choice = choose_embedder(conn, args.paths, requested=args.embedder, settings=settings)
     if choice.note:
         print(choice.note, file=sys.stderr)
-    embedder = load_embedder(choice.spec, settings.threads)
+    embedder = resources.embedder(choice.embedder_id)
     update, close = _progress_bar("ingest")
     try:
         report = ingest(
@@ -122,10 +117,11 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
     from rag.ingest import document_statuses
 
-    conn = _open(settings)
+    settings = resources.settings
+    conn = resources.connect()
     infos = document_statuses(conn, settings, args.collection)
     if args.json:
         print_json(infos)
@@ -144,14 +140,14 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_reindex(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
-    from rag.embedding import load_embedder
-    from rag.ingest import reindex, spec_for_model_id
+    from rag.ingest import reindex
 
-    conn = _open(settings)
+    settings = resources.settings
+    conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
-    embedder = load_embedder(args.embedder or spec_for_model_id(coll.embedder), settings.threads)
+    embedder = resources.embedder(args.embedder or coll.embedder)
     update, close = _progress_bar("reindex")
     try:
         report = reindex(conn, settings=settings, embedder=embedder, collection=settings.collection,
@@ -162,10 +158,11 @@ def cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_delete(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
 
-    conn = _open(settings)
+    settings = resources.settings
+    conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
     row = store.find_document(conn, coll.id, args.source)
     if row is None:
@@ -175,10 +172,11 @@ def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_chunks(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_chunks(args: argparse.Namespace, resources: Resources) -> int:
     from rag import access
 
-    conn = _open(settings)
+    settings = resources.settings
+    conn = resources.connect()
     groups = _groups(args.groups) if args.groups is not None else access.OPERATOR
     document_id = None
     if args.document:
@@ -200,11 +198,12 @@ def cmd_chunks(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_source(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_source(args: argparse.Namespace, resources: Resources) -> int:
+    settings = resources.settings
     """A document's text, or one passage of it, if the reader may open it (the Source page's check)."""
     from rag import access
 
-    conn = _open(settings)  # never created by a read
+    conn = resources.connect()  # never created by a read
     groups = _groups(args.groups)
     if args.document.isdigit():  # an id, as in citation links; anything else is a source path
         row = access.readable_document(conn, access.parse_document_id(args.document), groups)
@@ -223,13 +222,14 @@ def demo_corpus() -> Path:
     return Path(__file__).resolve().parent.parent / "docs" / "guide"
 
 
-def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_demo(args: argparse.Namespace, resources: Resources) -> int:
     from rag.ingest import demo_is_current
 
+    settings = resources.settings
     folder = demo_corpus()
     if not folder.is_dir():
         raise RagError(f"the demo corpus is missing ({folder}); run from a clone of the repository")
-    conn = _open(settings, create=True)
+    conn = resources.connect(create=True)
     if demo_is_current(conn, folder, settings):
         print(f"demo corpus already indexed in {settings.db_path} (collection {settings.collection!r})")
         return 0
@@ -237,7 +237,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     # for such a mixed corpus, so questions in both languages find their pages.
     args.paths, args.acl, args.strategy, args.embedder, args.json = [folder], None, None, "auto", False
     args.prune = args.retry_failed = True
-    return cmd_ingest(args, settings)
+    return cmd_ingest(args, resources)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,24 +255,25 @@ def _write_json(value: Any, target: str) -> None:
     print(f"wrote {target}", file=sys.stderr)
 
 
-def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
-    sub = {"compare": cmd_eval_compare, "strategies": cmd_eval_strategies, "history": cmd_eval_history}
-    return sub.get(args.eval_command or "run", cmd_eval_run)(args, settings)
+def cmd_eval(args: argparse.Namespace, resources: Resources) -> int:
+    sub = {"compare": cmd_eval_compare, "strategies": cmd_eval_strategies, "history": cmd_eval_history,
+           "answers": cmd_eval_answers}
+    return sub.get(args.eval_command or "run", cmd_eval_run)(args, resources)
 
 
-def cmd_eval_run(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_eval_run(args: argparse.Namespace, resources: Resources) -> int:
     from rag import evaluate, history, store
-    from rag.embedding import load_embedder
     from rag.golden import load_golden
 
+    settings = resources.settings
     if not args.golden:
         raise RagError("rag eval needs --golden G.json (a golden set in the ../shared/eval/README.md format)")
     if not Path(settings.db_path).is_file():
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     golden = load_golden(args.golden)
-    conn = _open(settings)
+    conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
-    embedder = load_embedder(coll.embedder.removeprefix("path:"), settings.threads)  # the collection's own model
+    embedder = resources.embedder(coll.embedder)  # the collection's own model
     report = evaluate.run_eval(
         conn, golden, embedder=embedder, settings=settings, collection=coll.name,
         stages=args.stages.split(",") if args.stages else None, ks=args.k, groups_as_golden=args.groups_as_golden,
@@ -300,7 +301,7 @@ def cmd_eval_run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_eval_compare(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_eval_compare(args: argparse.Namespace, resources: Resources) -> int:
     from rag import evaluate
 
     runs = []
@@ -330,16 +331,38 @@ def cmd_eval_compare(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_eval_strategies(args: argparse.Namespace, settings: Settings) -> int:
-    from rag import evaluate
-    from rag.embedding import load_embedder
+def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
+    from rag.evaluate_answers import dump, format_figures, run_answers
     from rag.golden import load_golden
-    from rag.ingest import load_acl
 
+    settings = resources.settings
+    if not args.golden:
+        raise RagError("rag eval answers needs --golden G.json")
+    golden = load_golden(args.golden)
+    with resources.connection() as conn:
+        report = run_answers(
+            conn, golden, resources=resources, settings=settings, generate=not args.no_generate,
+            groups_as_golden=args.groups_as_golden, limit=args.limit,
+            on_query=lambda i, n, qid: print(f"\r{i}/{n} {qid}      ", end="", file=sys.stderr, flush=True),
+        )
+    print(file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(dump(report) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    print(format_figures(report))
+    return 0
+
+
+def cmd_eval_strategies(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import evaluate
+    from rag.golden import load_golden
+    from rag.ingest import embedder_for_files, load_acl
+
+    settings = resources.settings
     if not args.corpus or not args.golden:
         raise RagError("rag eval strategies needs --corpus DIR and --golden G.json")
     golden = load_golden(args.golden)
-    embedder = load_embedder(settings.embedder, settings.threads)
+    embedder = resources.embedder(args.embedder or embedder_for_files([args.corpus], settings.embedder))
     result = evaluate.run_strategies(
         args.corpus, golden, settings=settings, embedder=embedder, acl=load_acl(args.acl),
         strategies=args.strategies.split(",") if args.strategies else None, stage=args.stage, ks=args.k,
@@ -352,12 +375,13 @@ def cmd_eval_strategies(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_eval_history(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_eval_history(args: argparse.Namespace, resources: Resources) -> int:
     from rag import history
 
+    settings = resources.settings
     if not Path(settings.db_path).is_file():
         raise RagError(f"no database at {settings.db_path}")
-    conn = _open(settings)
+    conn = resources.connect()
     runs = history.list_runs(conn, golden_name=args.golden_name, limit=args.limit)
     if args.json:
         print_json([r.to_json() for r in runs])
@@ -545,7 +569,7 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
                     "rag eval strategies --corpus DIR --golden G.json | rag eval history --db FILE",
     )
     _eval_run_options(p)
-    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history}")
+    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history,answers}")
     _eval_run_options(esub.add_parser("run", help="evaluate a database (the default)"))
     c = esub.add_parser("compare", help="paired comparison of two runs, or of two stages of one run")
     c.add_argument("runs", nargs="+", metavar="RUN.json")
@@ -562,6 +586,15 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     s.add_argument("--stage", default="dense", help="retrieval stage measured (default dense, as in seed 000)")
     s.add_argument("-k", default="1,4,8,20", help="cut-offs (default 1,4,8,20)")
     s.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT ('-': stdout only)")
+    a = esub.add_parser("answers", help="ask every golden query and score what is shown: answered, quoted, "
+                                        "refused, correct, bluffs, lost, timings")
+    _common(a)
+    a.add_argument("--golden", help="golden set JSON")
+    a.add_argument("--limit", type=int, help="only the first N queries")
+    a.add_argument("--no-generate", action="store_true", help="extractive answers only (no language model)")
+    a.add_argument("--groups-as-golden", action=argparse.BooleanOptionalAction, default=True)
+    a.add_argument("--llm", dest="llm_path", help="language model: a registered name or a .gguf path")
+    a.add_argument("--json", metavar="OUT", help="also write every row and the figures as JSON to OUT")
     h = esub.add_parser("history", help="stored runs, newest first, and the flips of the latest")
     _common(h)
     h.add_argument("--golden-name", help="only runs on this golden set (file stem)")
@@ -613,14 +646,12 @@ def _read_queries(path: str, default_groups: list[str]) -> list[dict[str, Any]]:
     return queries
 
 
-def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
-    from rag.embedding import load_embedder
     from rag.errors import QueryError
-    from rag.ingest import spec_for_model_id
-    from rag.rerank import load_reranker
     from rag.retrieval import search
 
+    settings = resources.settings
     if (args.query is None) == (args.queries is None):
         raise RagError('give one question ("rag search QUESTION") or --queries FILE.jsonl, not both')
     if args.rerank:
@@ -628,14 +659,14 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     if not Path(settings.db_path).is_file():
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
-    conn = _open(settings)
+    conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
-    embedder = load_embedder(spec_for_model_id(coll.embedder), settings.threads)  # the collection's own model
-    reranker = load_reranker(settings) if args.stage == "rerank" else None
+    embedder = resources.embedder(coll.embedder)  # the collection's own model
+    reranker = resources.reranker(settings) if args.stage == "rerank" else None
 
     def run(query: str, groups: list[str]) -> list[dict[str, Any]]:
         hits = search(conn, query, embedder=embedder, settings=settings, groups=groups, collection=coll.name,
-                      stage=args.stage, k=args.k, reranker=reranker)
+                      stage=args.stage, k=args.k, reranker=reranker, hamming_cache=resources.hamming_cache)
         return [hit_json(rank, hit) for rank, hit in enumerate(hits, start=1)]
 
     if batch is not None:
@@ -682,25 +713,24 @@ def _add_search_parser(sub: Any, handlers: dict[str, Handler]) -> None:
 # ask: `rag ask "Q" ...` and `rag ask --queries FILE.jsonl ...` (one JSON Answer per line)
 
 
-def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
     from rag.ask import ask, ask_stream
-    from rag.embedding import load_embedder
     from rag.errors import QueryError
-    from rag.ingest import spec_for_model_id
-    from rag.models import Answer
+    from rag.records import Answer
 
+    settings = resources.settings
     if (args.query is None) == (args.queries is None):
         raise RagError('give one question ("rag ask QUESTION") or --queries FILE.jsonl, not both')
     if not Path(settings.db_path).is_file():
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
-    conn = _open(settings)
+    conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
-    embedder = load_embedder(spec_for_model_id(coll.embedder), settings.threads)  # loaded once; the LLM too
+    embedder = resources.embedder(coll.embedder)  # loaded once; the LLM too
     options: dict[str, Any] = {
         "conn": conn, "settings": settings, "collection": coll.name, "embedder": embedder,
-        "generate": not args.no_generate,
+        "generate": not args.no_generate, "resources": resources,
     }
     if batch is not None:
         for item in batch:
@@ -742,6 +772,7 @@ def _add_ask_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
     p.add_argument("--no-generate", action="store_true",
                    help="skip the language model: answer with the extractive quote of the best source")
+    p.add_argument("--llm", dest="llm_path", help="language model: a registered name (rag.registry) or a .gguf path")
     p.add_argument("--json", action="store_true", help="print the Answer as JSON")
     handlers["ask"] = cmd_ask
 
@@ -750,25 +781,25 @@ def _add_ask_parser(sub: Any, handlers: dict[str, Handler]) -> None:
 # audit: `rag audit cuts FILE ...`; each audit is a nested subcommand that sets `audit_handler`.
 
 
-def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_audit(args: argparse.Namespace, resources: Resources) -> int:
     handler: Handler = args.audit_handler
-    return handler(args, settings)
+    return handler(args, resources)
 
 
-def cmd_audit_cuts(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
     from rag.audit import audit_cuts, describe_cut
     from rag.chunking import default_budget
     from rag.extract import extract
+    from rag.ingest import embedder_for_files
 
+    settings = resources.settings
     path = Path(args.file)
     if not path.is_file():
         raise RagError(f"no such file: {args.file}")
     doc = extract(path)
     count_tokens, max_tokens, budget = None, 256, None
     if args.strategy in "CDEF" and args.size is None:  # a token budget: needs the model's tokenizer
-        from rag.embedding import load_embedder
-
-        embedder = load_embedder(settings.embedder, settings.threads)
+        embedder = resources.embedder(embedder_for_files([path], settings.embedder))
         count_tokens, max_tokens = embedder.count_tokens, embedder.max_tokens
         budget = args.budget or settings.chunk_tokens or default_budget(max_tokens)
     result = audit_cuts(doc, args.strategy, size=args.size, budget=budget, count_tokens=count_tokens,
@@ -786,14 +817,15 @@ def cmd_audit_cuts(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_audit_channels(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_audit_channels(args: argparse.Namespace, resources: Resources) -> int:
     from rag.retrieval import MAX_CHANNELS_PER_FIELD, audit_channels
 
+    settings = resources.settings
     if not Path(settings.db_path).is_file():
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
-    result = audit_channels(_open(settings), settings)
+    result = audit_channels(resources.connect(), settings)
     if args.json:
         print_json(result)
         return 0
@@ -870,16 +902,16 @@ def _user_line(user: Any) -> str:
     return f"{user.name:20} {user.role:7} {state:8} groups: {', '.join(user.groups)}"
 
 
-def cmd_users(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_users(args: argparse.Namespace, resources: Resources) -> int:
     handler: Handler = args.users_handler
-    return handler(args, settings)
+    return handler(args, resources)
 
 
-def cmd_users_add(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_users_add(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
     name = auth.check_name(args.name)
-    conn = _open(settings, create=True)
+    conn = resources.connect(create=True)
     if auth.get_user(conn, name) is not None:  # before the prompt: no password typed for nothing
         raise RagError(f"a user named {name!r} already exists (change it with `rag users passwd|groups|role`)")
     user = auth.add_user(conn, name, read_password(), role=args.role, groups=_groups(args.groups))
@@ -887,48 +919,48 @@ def cmd_users_add(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_users_passwd(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_users_passwd(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
-    conn = _open(settings)
+    conn = resources.connect()
     user = auth.require_user(conn, args.name)
     auth.set_password(conn, user.name, read_password(prompt=f"New password for {user.name}: "))
     print(f"password changed for {user.name}; their sessions have ended")
     return 0
 
 
-def cmd_users_groups(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_users_groups(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
-    print(f"updated {_user_line(auth.set_groups(_open(settings), args.name, _groups(args.groups)))}")
+    print(f"updated {_user_line(auth.set_groups(resources.connect(), args.name, _groups(args.groups)))}")
     return 0
 
 
-def cmd_users_role(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_users_role(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
-    print(f"updated {_user_line(auth.set_role(_open(settings), args.name, args.role))}")
+    print(f"updated {_user_line(auth.set_role(resources.connect(), args.name, args.role))}")
     return 0
 
 
-def cmd_users_disable(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_users_disable(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
-    print(f"disabled {_user_line(auth.disable_user(_open(settings), args.name))}; their sessions have ended")
+    print(f"disabled {_user_line(auth.disable_user(resources.connect(), args.name))}; their sessions have ended")
     return 0
 
 
-def cmd_users_enable(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_users_enable(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
-    print(f"enabled {_user_line(auth.enable_user(_open(settings), args.name))}")
+    print(f"enabled {_user_line(auth.enable_user(resources.connect(), args.name))}")
     return 0
 
 
-def cmd_users_list(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_users_list(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
-    users = auth.list_users(_open(settings))
+    users = auth.list_users(resources.connect())
     if args.json:
         print_json(users)
         return 0
@@ -987,11 +1019,11 @@ def _audit_summary(row: Any) -> str:
     return json.dumps(detail, ensure_ascii=False, sort_keys=True) if detail else ""
 
 
-def cmd_audit_log(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_audit_log(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
     since = auth.parse_since(args.since) if args.since else None
-    rows = auth.audit_rows(_open(settings), since, user=args.user, action=args.action)
+    rows = auth.audit_rows(resources.connect(), since, user=args.user, action=args.action)
     if args.csv:
         text = auth.export_csv(rows)
         if args.csv == "-":
@@ -1011,13 +1043,14 @@ def cmd_audit_log(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_audit_prune(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_audit_prune(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
+    settings = resources.settings
     days = settings.audit_retention_days if args.days is None else args.days
     if days < 0:
         raise RagError(f"--days must be 0 (keep everything) or more (got {days})")
-    deleted = auth.prune_audit(_open(settings), days)
+    deleted = auth.prune_audit(resources.connect(), days)
     kept = "kept everything (retention 0 = keep all)" if days == 0 else f"deleted {deleted} rows older than {days} days"
     print(f"audit log: {kept}")
     return 0
@@ -1064,9 +1097,10 @@ def launch_streamlit(command: list[str], env: dict[str, str]) -> int:
         return 0
 
 
-def cmd_serve(args: argparse.Namespace, settings: Settings, launch: Launcher | None = None) -> int:
+def cmd_serve(args: argparse.Namespace, resources: Resources, launch: Launcher | None = None) -> int:
     import os
 
+    settings = resources.settings
     team = bool(args.team or settings.auth)
     db_flag = f" --db {args.db}" if args.db else ""
     if team:
@@ -1108,9 +1142,10 @@ def _add_serve_parser(sub: Any, handlers: dict[str, Handler]) -> None:
 # bench: `rag bench [--json OUT] [--quick] [--sizes 1000,10000,100000]`
 
 
-def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_bench(args: argparse.Namespace, resources: Resources) -> int:
     from rag.bench import DEFAULT_SIZES, QUICK_SIZES, BenchOptions, format_report, parse_sizes, run_bench
 
+    settings = resources.settings
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
     options = BenchOptions(quick=args.quick, sizes=sizes, repeats=args.repeats or (1 if args.quick else 3),
                            generation=not args.no_generation, workdir=Path(args.workdir) if args.workdir else None)
@@ -1152,7 +1187,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--prune", action="store_true", help="remove documents whose files are gone")
     p.add_argument("--retry-failed", action="store_true", help="retry documents that failed before")
     p.add_argument("--strategy", choices=list("ABCDEFR"), help="chunking strategy (default: the collection's, E)")
-    p.add_argument("--embedder", help="minilm | e5 | auto | PATH of a sentence-transformers model (new collections)")
+    p.add_argument("--embedder", help="auto (default: by the files' language) | minilm | e5 | PATH of a "
+                   "sentence-transformers model (new collections; an existing one keeps its own)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     handlers["ingest"] = cmd_ingest
 
@@ -1211,8 +1247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rag import store
 
     try:
-        settings = _settings(args)
-        return handlers[args.command](args, settings)
+        from rag.resources import Resources
+
+        with Resources(_settings(args)) as resources:  # one per command: models closed on the way out
+            return handlers[args.command](args, resources)
     except RagError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -33,9 +33,11 @@ class Settings:
     db_path: Path = dataclasses.field(default_factory=lambda: data_dir() / "rag.db")  # the one SQLite file
     collection: str = "default"  # collection used when none is named
     # --- ingest ---
-    # "minilm" (int8 ONNX, 2.4x faster than "minilm-fp32" at the same golden recall@20; rag bench) |
-    # "minilm-fp32" | "e5" | "auto" | path to a sentence-transformers dir
-    embedder: str = "minilm"
+    # Embedder of NEW collections (an existing one keeps its own): "auto" (the default since issue 16:
+    # multilingual-e5-small when the files look Vietnamese, else all-MiniLM-L6-v2 int8; the choice and
+    # its reason are printed) | "minilm" (int8 ONNX, 2.4x faster than "minilm-fp32" at the same golden
+    # recall@20; rag bench) | "minilm-fp32" | "e5" | path to a sentence-transformers dir
+    embedder: str = "auto"
     strategy: str = "E"  # chunking strategy A-F or R (see rag.chunking)
     # Folders the Documents page may ingest from ("Ingest a folder"), separated by os.pathsep (":" on
     # Linux); "" turns folder ingest off in the app. The page reads files on the server, so any

@@ -32,7 +32,7 @@ from rag import access, store
 from rag.errors import RagError
 from rag.generate import load_prompt, render
 from rag.llm import LanguageModel
-from rag.models import Answer, Citation, Hit, Sentence
+from rag.records import Answer, Citation, Hit, Sentence
 from rag.text import content_tokens, detect_language, fold
 
 REWRITE_METHODS = ("rules", "model", "off")

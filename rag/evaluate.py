@@ -51,7 +51,7 @@ from rag.metrics import (
     sweep_thresholds,
     wilson_interval,
 )
-from rag.models import Collection, Hit
+from rag.records import Collection, Hit
 
 STAGES: tuple[str, ...] = tuple(retrieval.STAGES)
 DEFAULT_KS = (1, 4, 8, 20)

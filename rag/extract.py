@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from rag.errors import ExtractionError
-from rag.models import Extracted, PageSpan
+from rag.records import Extracted, PageSpan
 from rag.text import nfc
 
 SUPPORTED_SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html",

@@ -2,10 +2,10 @@
 
 A retriever always returns something; the gate keeps at most ``max_sources`` hits whose cosine
 distance to the question is under a threshold (seed 000 starts at 0.675; a new collection is
-stamped with its embedding model's calibrated default, and ``rag eval --calibrate`` may replace
-it). When nothing passes, the answer is ``no_answer`` and the language model is never called: a
-comparison between two numbers is a cheaper and more reliable refusal than any instruction in a
-prompt.
+stamped with its embedding model's calibrated default from ``rag.registry``, and ``rag eval
+--calibrate`` may replace it). When nothing passes, the answer is ``no_answer`` and the language
+model is never called: a comparison between two numbers is a cheaper and more reliable refusal
+than any instruction in a prompt.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from rag.config import Settings
-from rag.embedding import E5_ID, MINILM_ID, MINILM_INT8_ID
-from rag.models import Collection, Hit
+from rag.records import Collection, Hit
 
 REASON_DISTANCE = "distance"  # prefix of the reason given to a hit that is too far
 REASON_CAPACITY = "capacity"  # prefix of the reason given to a close hit beyond max_sources
@@ -71,31 +70,6 @@ def apply_gate(hits: Sequence[Hit], max_distance: float, max_sources: int) -> tu
             reason = f"{REASON_CAPACITY}: beyond the {max_sources} best sources"
             dropped.append(dataclasses.replace(hit, gated_out_reason=reason))
     return kept, dropped
-
-
-# Calibrated default thresholds, stamped on a new collection of that model (issue 9). Each model puts
-# its distances in its own range (multilingual-e5 compresses everything under ~0.25), so one number
-# cannot serve both. Source: the hybrid-stage gate sweep (grid + quantiles + a fine grid, max_sources 4)
-# POOLED over docs/golden_vi.json on corpus_vi and golden_handbook.json on the English handbook, 194
-# queries per model, and 500 bootstrap resamples of the golden items. Rule: keep the seed value when
-# it lies inside the interquartile range of the bootstrapped recommended threshold, else take its
-# median (2 decimals).
-#   all-MiniLM-L6-v2: bootstrap median 0.700, IQR 0.650-0.725; the pooled curve is flat from 0.65
-#     to 0.75 (84-88 errors), so seed 000's 0.675 stays. Its int8 ONNX build: median 0.724, IQR
-#     0.650-0.750, so 0.675 as well.
-#   multilingual-e5-small: bootstrap median 0.166, IQR 0.152-0.191 -> 0.17 (75 errors pooled against
-#     81 with no working gate at 0.675; flat from 0.155 to 0.195).
-# `rag eval --calibrate` still overrides the value per collection; a model given by path has none.
-CALIBRATED_MAX_DISTANCE: dict[str, float] = {
-    MINILM_ID: 0.675,
-    MINILM_INT8_ID: 0.675,
-    E5_ID: 0.17,
-}
-
-
-def calibrated_threshold(model_id: str) -> float | None:
-    """The calibrated default gate threshold of an embedding model, or None when it has none."""
-    return CALIBRATED_MAX_DISTANCE.get(model_id)
 
 
 def gate_threshold(settings: Settings, collection: Collection | None = None) -> float:

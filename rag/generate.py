@@ -20,7 +20,6 @@ the Ask page), ``generate_answer`` and the benchmark's generation measurement al
 
 from __future__ import annotations
 
-import functools
 import re
 import time
 from collections.abc import Generator, Iterator, Sequence
@@ -31,20 +30,11 @@ from typing import Any
 from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import RagError
-from rag.llm import LanguageModel, Message, load_language_model
+from rag.llm import LanguageModel, Message
 from rag.llm import bundled_gguf_path as bundled_gguf_path  # re-exported: its old home
-from rag.models import Answer, Hit
+from rag.records import Answer, Hit
 from rag.text import detect_language
 from rag.verify import draft_answer, judge_sentences, remove_urls, shown_piece, verify_answer
-
-load_llm = load_language_model  # the old name, kept for callers (rag.registry registers it)
-
-
-@functools.lru_cache(maxsize=1)
-def shared_llm(path: str = "", n_ctx: int = 4096, threads: int = 0, seed: int = 1337) -> LanguageModel:
-    """``load_language_model`` built once per process for the CLI and library callers (the app caches its own)."""
-    return load_language_model(path, n_ctx, threads, seed)
-
 
 # ---------------------------------------------------------------------------------------------
 # Prompts: rag/prompts/<name>.txt, loaded by name

@@ -20,13 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from rag import chunking, store
+from rag import chunking, registry, store
 from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import ExtractionError, RagError
 from rag.extract import EXTRACTOR_VERSIONS, SUPPORTED_SUFFIXES, extract, extractor_for
-from rag.gate import calibrated_threshold
-from rag.models import Chunk, Collection, DocumentInfo, Extracted
+from rag.records import Chunk, Collection, DocumentInfo, Extracted
 from rag.text import FOLD_VERSION, fold
 
 log = logging.getLogger(__name__)
@@ -349,7 +348,7 @@ def open_or_create_collection(
     collection = store.get_collection(conn, name)
     if collection is None:  # stamped with its model's calibrated gate threshold (None: settings default)
         return store.create_collection(conn, name, embedder.model_id, embedder.dimension, strategy or default_strategy,
-                                       max_distance=calibrated_threshold(embedder.model_id))
+                                       max_distance=registry.calibrated_threshold(embedder.model_id))
     store.check_embedder(collection, embedder.model_id, embedder.dimension)
     if strategy and strategy != collection.strategy:
         conn.execute("UPDATE collections SET strategy = ? WHERE id = ?", (strategy, collection.id))
@@ -560,9 +559,7 @@ def retry_failed_documents(
 
 def _current_pipeline(settings: Settings, coll: Collection) -> str:
     """The pipeline version new documents of this collection would get (no model load needed)."""
-    from rag.embedding import max_tokens_for
-
-    budget = settings.chunk_tokens or chunking.default_budget(max_tokens_for(coll.embedder))
+    budget = settings.chunk_tokens or chunking.default_budget(registry.encoder_window(coll.embedder))
     return pipeline_version(coll.strategy, budget)
 
 
@@ -593,7 +590,7 @@ def reindex(
         if old_staging is not None:
             _drop_collection(conn, old_staging)
         target = store.create_collection(conn, staging, embedder.model_id, embedder.dimension, coll.strategy,
-                                         max_distance=calibrated_threshold(embedder.model_id))
+                                         max_distance=registry.calibrated_threshold(embedder.model_id))
     rows = store.document_rows(conn, name)
     results: list[FileResult] = []
     embedded, embed_seconds = 0, 0.0
@@ -741,21 +738,16 @@ def index_health(conn: store.Connection, settings: Settings, collection: str | N
 # ---------------------------------------------------------------------------------------------
 # Choosing the embedding model of a collection
 
-VI_SHARE_FOR_E5 = 0.05  # Vietnamese prose scores 0.15-0.25 (corpus_vi); English scores 0.0
-# A mixed collection: this share of Vietnamese files makes "auto" pick e5 even when the pooled
-# letters stay under VI_SHARE_FOR_E5 (the demo guide: 3 Vietnamese pages of 15, 2.8 % of letters).
+# A mixed collection: this share of Vietnamese files makes "auto" pick the Vietnamese model even
+# when the pooled letters stay under registry.AUTO_VIETNAMESE_SHARE (the demo guide: 3 Vietnamese
+# pages of 15, 2.8 % of its letters).
 VI_FILES_FOR_E5 = 0.1
 
 
 @dataclass(frozen=True, slots=True)
 class EmbedderChoice:
-    spec: str  # what load_embedder() takes
+    embedder_id: str  # the registry id of the model to load (``rag.registry.load_embedder``)
     note: str | None  # a sentence for the user about the choice, if any
-
-
-def spec_for_model_id(model_id: str) -> str:
-    """Turn a stamped model id back into something load_embedder accepts."""
-    return model_id[5:] if model_id.startswith("path:") else model_id
 
 
 def _sample_texts(files: Sequence[FoundFile], limit_chars: int) -> list[str]:
@@ -781,11 +773,19 @@ def sample_vietnamese_share(files: Sequence[FoundFile], limit_chars: int = 200_0
 
 
 def sample_vietnamese_files(files: Sequence[FoundFile], limit_chars: int = 200_000) -> float:
-    """Share of the sampled files that are Vietnamese (``VI_SHARE_FOR_E5`` of their letters or more)."""
+    """Share of the sampled files that are Vietnamese (``registry.auto_language`` of their letters)."""
     from rag.text import vietnamese_share
 
     texts = _sample_texts(files, limit_chars)
-    return sum(vietnamese_share(t) >= VI_SHARE_FOR_E5 for t in texts) / len(texts) if texts else 0.0
+    return sum(registry.auto_language(vietnamese_share(t)) == "vi" for t in texts) / len(texts) if texts else 0.0
+
+
+def embedder_for_files(paths: Sequence[str | Path], requested: str) -> str:
+    """The embedder id or name to build for ``paths`` outside any collection (strategy tables, the
+    bench, the cut audit): ``auto`` picks by the files' language, anything else stays as asked."""
+    if requested != "auto":
+        return requested
+    return registry.auto_embedder(sample_vietnamese_share(discover(paths))).id
 
 
 def choose_embedder(
@@ -796,28 +796,39 @@ def choose_embedder(
 
     An existing collection keeps its own model (asking for another one is refused later, with a
     message naming `rag reindex`). A new collection takes ``requested`` (or ``settings.embedder``);
-    ``auto`` picks multilingual-e5-small when the files are Vietnamese or mixed (``VI_FILES_FOR_E5``
-    of them Vietnamese), all-MiniLM-L6-v2 otherwise.
-    """
-    from rag.embedding import E5_ID, MINILM_ID, MINILM_INT8_ID
+    ``auto`` picks by the files' language (``rag.registry.auto_embedder``: multilingual-e5-small
+    for Vietnamese, all-MiniLM-L6-v2 otherwise; a mixed corpus, ``VI_FILES_FOR_E5`` of its files
+    Vietnamese, counts as Vietnamese), and a model trained for English only gets a warning when
+    the files look Vietnamese.
 
+    Raises:
+        ModelLoadError: an unknown model name (the message lists the valid ones).
+    """
     existing = store.get_collection(conn, collection or settings.collection)
     if existing is not None and requested in (None, "auto"):
-        return EmbedderChoice(spec_for_model_id(existing.embedder), None)
-    spec = requested or settings.embedder
-    if existing is not None or spec not in ("auto", "minilm", "minilm-fp32", MINILM_ID, MINILM_INT8_ID):
-        return EmbedderChoice(spec, None)
+        return EmbedderChoice(existing.embedder, None)
+    name = requested or settings.embedder
+    info = None if name == "auto" else registry.resolve(registry.EMBEDDER, name)
+    if info is not None and (existing is not None or not info.languages or info.covers("vi")):
+        return EmbedderChoice(info.id, None)  # nothing to sample: no warning could follow
     found = discover(paths)
     share = sample_vietnamese_share(found)
-    vietnamese = share >= VI_SHARE_FOR_E5
-    if spec == "auto":
-        files = sample_vietnamese_files(found) if not vietnamese else 1.0
-        mixed = not vietnamese and files >= VI_FILES_FOR_E5
-        chosen = "e5" if vietnamese or mixed else "minilm"
-        model = E5_ID if chosen == "e5" else MINILM_INT8_ID
-        why = f"{files:.0%} of the files in Vietnamese" if mixed else f"{share:.0%} Vietnamese letters"
-        return EmbedderChoice(chosen, f"auto: {why}, using {model}")
-    if vietnamese:
-        return EmbedderChoice(spec, f"these files look Vietnamese ({share:.0%} Vietnamese letters): "
-                                    "all-MiniLM-L6-v2 is an English model; consider --embedder e5")
-    return EmbedderChoice(spec, None)
+    if info is None:
+        files = sample_vietnamese_files(found) if registry.auto_language(share) != "vi" else 1.0
+        if registry.auto_language(share) != "vi" and files >= VI_FILES_FOR_E5:
+            picked = registry.embedder_for_language("vi")
+            return EmbedderChoice(picked.id, f"embedder auto: {files:.0%} of the files are Vietnamese (a mixed "
+                                             f"corpus; mixed from {VI_FILES_FOR_E5:.0%}), so the new collection "
+                                             f"uses {picked.id}; it keeps this model")
+        picked = registry.auto_embedder(share)
+        language = "Vietnamese" if registry.auto_language(share) == "vi" else "not Vietnamese"
+        return EmbedderChoice(picked.id, f"embedder auto: {share:.0%} of the letters are Vietnamese ({language}; "
+                                         f"Vietnamese from {registry.AUTO_VIETNAMESE_SHARE:.0%}), so the new "
+                                         f"collection uses {picked.id}; it keeps "
+                                         "this model")
+    if registry.auto_language(share) == "vi":
+        trained = "an English model" if info.languages == ("en",) else f"a model for {', '.join(info.languages)}"
+        return EmbedderChoice(info.id, f"these files look Vietnamese ({share:.0%} Vietnamese letters): "
+                                       f"{info.name or info.id} is {trained}; consider --embedder "
+                                       f"{registry.embedder_for_language('vi').label}")
+    return EmbedderChoice(info.id, None)

@@ -32,7 +32,7 @@ import numpy as np
 from rag.config import Settings
 from rag.errors import ModelLoadError
 from rag.llm import LanguageModel, load_language_model
-from rag.models import Hit
+from rag.records import Hit
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from rag import store
 from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import QueryError
-from rag.models import Hit
+from rag.records import Hit
 from rag.rerank import Reranker, rerank_hits, rerank_text
 from rag.text import build_fts_query, fold, keywords, quote_fts
 
@@ -256,8 +256,6 @@ class HammingCodes:
 
 
 HAMMING_CACHE_ENTRIES = 8  # (collection, access-key set) pairs kept; 100k chunks of 384-d take 5.6 MB each
-_hamming_cache: OrderedDict[tuple[Any, ...], HammingCodes] = OrderedDict()
-_hamming_lock = threading.Lock()  # the app searches from several session threads
 
 
 def read_hamming_codes(conn: store.Connection, collection_id: int, access_keys: Sequence[int]) -> HammingCodes:
@@ -274,28 +272,59 @@ def read_hamming_codes(conn: store.Connection, collection_id: int, access_keys: 
     return HammingCodes(np.asarray(ids, dtype=np.int64), words)
 
 
-def hamming_codes(conn: store.Connection, collection_id: int, access_keys: Sequence[int]) -> HammingCodes:
-    """``read_hamming_codes``, cached per database, collection, access keys and vector version.
+class HammingCache:
+    """The in-memory 1-bit codes of the "hamming" dense path, least recently used dropped first.
 
-    The version is bumped by triggers in the same transaction as any vector change, so another
-    process's ingest is seen on the next search. An in-memory database is never cached.
+    Entries are keyed per database, collection, access keys and vector version. The version is
+    bumped by triggers in the same transaction as any vector change, so another process's ingest
+    is seen on the next search. An in-memory database is never cached. One cache is owned by each
+    ``rag.resources.Resources``; thread-safe, because the app searches from several session threads.
     """
-    database = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
-    if not database:
-        return read_hamming_codes(conn, collection_id, access_keys)
-    instance, version = conn.execute(HAMMING_STATE_SQL, {"collection": collection_id}).fetchone()
-    key = (database, instance, collection_id, version, tuple(sorted(int(a) for a in access_keys)), HAMMING_CODES_SQL)
-    with _hamming_lock:
-        found = _hamming_cache.get(key)
-        if found is not None:
-            _hamming_cache.move_to_end(key)
-            return found
-    codes = read_hamming_codes(conn, collection_id, access_keys)
-    with _hamming_lock:
-        _hamming_cache[key] = codes
-        while len(_hamming_cache) > HAMMING_CACHE_ENTRIES:
-            _hamming_cache.popitem(last=False)
-    return codes
+
+    def __init__(self, entries: int = HAMMING_CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self._codes: OrderedDict[tuple[Any, ...], HammingCodes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def codes(self, conn: store.Connection, collection_id: int, access_keys: Sequence[int]) -> HammingCodes:
+        """``read_hamming_codes``, from memory while the collection's vectors are unchanged."""
+        database = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+        if not database:
+            return read_hamming_codes(conn, collection_id, access_keys)
+        instance, version = conn.execute(HAMMING_STATE_SQL, {"collection": collection_id}).fetchone()
+        key = (database, instance, collection_id, version, tuple(sorted(int(a) for a in access_keys)),
+               HAMMING_CODES_SQL)
+        with self._lock:
+            found = self._codes.get(key)
+            if found is not None:
+                self._codes.move_to_end(key)
+                return found
+        codes = read_hamming_codes(conn, collection_id, access_keys)
+        with self._lock:
+            self._codes[key] = codes
+            while len(self._codes) > self.entries:
+                self._codes.popitem(last=False)
+        return codes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._codes.clear()
+
+
+# For callers that hold no Resources (rag.evaluate, rag.bench, the ask pipeline, library users):
+# without it they would re-read every code on every search (the 100k-chunk fast path is ~6 ms
+# with the codes in memory). Pass ``hamming_cache=resources.hamming_cache`` to use your own.
+SHARED_HAMMING_CACHE = HammingCache()
+
+
+def hamming_codes(
+    conn: store.Connection, collection_id: int, access_keys: Sequence[int], cache: HammingCache | None = None
+) -> HammingCodes:
+    """The visible chunks' codes through ``cache`` (default ``SHARED_HAMMING_CACHE``)."""
+    return (SHARED_HAMMING_CACHE if cache is None else cache).codes(conn, collection_id, access_keys)
 
 
 def search_hamming(
@@ -306,10 +335,12 @@ def search_hamming(
     access_keys: Sequence[int],
     k: int,
     oversample: int = 8,
+    cache: HammingCache | None = None,
 ) -> list[tuple[int, float]]:
     """Dense branch, "hamming" mode: the ``oversample * k`` visible chunks nearest by Hamming
-    distance of their 1-bit codes (in memory), ranked by exact float cosine distance in SQL."""
-    codes = hamming_codes(conn, collection_id, access_keys)
+    distance of their 1-bit codes (in memory, kept by ``cache``), ranked by exact float cosine
+    distance in SQL."""
+    codes = hamming_codes(conn, collection_id, access_keys, cache)
     if not len(codes.ids):
         return []
     distances = hamming_distances(codes.words, query_code_words(vector, codes.words.shape[0]))
@@ -409,17 +440,19 @@ def search_vectors(
     k: int,
     mode: str = "exact",
     oversample: int = 8,
+    hamming_cache: HammingCache | None = None,
 ) -> list[tuple[int, float]]:
     """Dense branch: ``(chunk_id, cosine distance)`` for the ``k`` nearest visible chunks, nearest first.
 
     ``mode="binary"`` prefilters ``oversample * k`` candidates on vec0's 1-bit copy, then ranks them
     by exact float distance (the same distances as "exact", over a candidate subset);
-    ``mode="hamming"`` does the same with the Hamming scan in memory (``search_hamming``).
+    ``mode="hamming"`` does the same with the Hamming scan in memory (``search_hamming``), whose
+    codes ``hamming_cache`` keeps (default ``SHARED_HAMMING_CACHE``).
     """
     k = min(k, VEC0_K_MAX)
     if mode == "hamming":
         return search_hamming(conn, vector, collection_id=collection_id, access_keys=access_keys, k=k,
-                              oversample=oversample)
+                              oversample=oversample, cache=hamming_cache)
     params = {
         "query": store.serialize_vector(vector),
         "k": k,
@@ -516,14 +549,16 @@ def search(
     stage: str = "hybrid",
     k: int | None = None,
     reranker: Reranker | None = None,
+    hamming_cache: HammingCache | None = None,
 ) -> list[Hit]:
     """The best ``k`` chunks for ``query`` that a reader holding ``groups`` may see.
 
     Stages: "dense" (vectors only), "fts" (FTS5 bm25 only), "hybrid" (both, fused with RRF over
     each branch's top ``settings.candidates``), "rerank" (hybrid, then ``reranker`` over the first
-    ``settings.rerank_depth``; built from settings when None). Every hit keeps its
-    ``dense_rank``/``sparse_rank`` (1-based, None when that branch did not return it),
-    ``rrf_score`` (over the branches the stage used) and cosine ``distance``.
+    ``settings.rerank_depth``; built from settings when None). ``hamming_cache`` keeps the 1-bit
+    codes of the "hamming" dense mode (``Resources.hamming_cache``; default ``SHARED_HAMMING_CACHE``).
+    Every hit keeps its ``dense_rank``/``sparse_rank`` (1-based, None when that branch did not
+    return it), ``rrf_score`` (over the branches the stage used) and cosine ``distance``.
 
     Raises QueryError for an empty question or one without letters/digits, NotFoundError for
     an unknown collection, IndexMismatchError when ``embedder`` is not the collection's model.
@@ -548,6 +583,7 @@ def search(
             conn, vector, collection_id=coll.id, dimension=coll.dimension, access_keys=access_keys,
             k=per_branch, mode=settings.dense_mode,
             oversample=settings.hamming_oversample if settings.dense_mode == "hamming" else settings.binary_oversample,
+            hamming_cache=hamming_cache,
         )
     if stage != "dense":
         match = build_fts_query(text)

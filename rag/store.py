@@ -21,7 +21,7 @@ import numpy as np
 import sqlite_vec
 
 from rag.errors import ExtensionLoadError, IndexMismatchError, NotFoundError, RagError, StorageError
-from rag.models import Chunk, Collection, DocumentInfo
+from rag.records import Chunk, Collection, DocumentInfo
 
 PUBLIC_GROUP = "all"  # every reader holds it implicitly; documents default to it
 METRIC = "cosine"  # the one distance used everywhere: 1 - cos (= L2^2 / 2 on unit vectors)

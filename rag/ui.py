@@ -3,7 +3,8 @@
 
 Pages stay thin (read widgets -> call one ``rag`` function -> render); decisions such as who may
 read a document live in the library (``rag.access``), not here. Only models are cached
-(``st.cache_resource``, keyed by their spec or path). A database connection is opened once per
+(``st.cache_resource``: the language model keyed by its path, the embedders inside one
+``rag.resources.Resources`` per ``Settings``). A database connection is opened once per
 run, by ``frame()``, handed to the page in its ``View`` and closed when the page's block ends:
 a ``sqlite3.Connection`` is bound to the thread that made it, and Streamlit reruns a session on
 any thread of its pool.
@@ -26,25 +27,26 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from rag import store
+from rag import registry, store
 from rag.access import groups_from_param, known_groups
 from rag.config import Settings, data_dir, load_settings
 from rag.conversation import latest_chat_id, new_chat_id
-from rag.embedding import Embedder, load_embedder
+from rag.embedding import Embedder
 from rag.errors import NotFoundError, RagError
 from rag.evaluate import EvalReport, StageResult, StrategyTable
 from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
-from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health, spec_for_model_id
-from rag.llm import LanguageModel, load_language_model
+from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health
+from rag.llm import LanguageModel
 from rag.messages import say
-from rag.models import Answer, Citation, Collection, Hit, Retrieved
+from rag.records import Answer, Citation, Collection, Hit, Retrieved
+from rag.resources import Resources
 from rag.verify import MARKER as CITATION_MARKER
 
 Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.properties() may facet)
 NEXT_COLLECTION_KEY = "_rag_next_collection"  # a collection the sidebar must select on the next run
 SOURCE_PAGE = "source"  # URL path of pages/source.py: Streamlit takes it from the file name
-EMBEDDER_CHOICES = ("minilm", "e5", "auto", "minilm-fp32")  # offered for NEW collections (issue 9)
+EMBEDDER_CHOICES = ("auto", "minilm", "e5", "minilm-fp32")  # offered for NEW collections; the first is the default
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,10 +63,21 @@ def connection(settings: Settings) -> Iterator[store.Connection]:
         conn.close()
 
 
-@st.cache_resource(show_spinner="Loading the embedding model…", max_entries=2)
-def embedder(spec: str) -> Embedder:
-    """An embedding model by name ("minilm", "e5") or directory path, loaded once per process."""
-    return load_embedder(spec)
+@st.cache_resource(max_entries=2, on_release=Resources.close)
+def resources(settings: Settings) -> Resources:
+    """The process's ``Resources`` for one ``Settings``: its models load once, on first use, and
+    are closed when a change of settings evicts it."""
+    return Resources(settings)
+
+
+def embedder(model_id: str) -> Embedder:
+    """An embedding model by id, name ("minilm", "e5") or directory path, loaded once per process
+    (through the ``Resources`` of this run's settings, the ones ``frame()`` reads)."""
+    owned = resources(load_settings())
+    if owned.has_model(model_id):
+        return owned.embedder(model_id)
+    with st.spinner("Loading the embedding model…"):
+        return owned.embedder(model_id)
 
 
 def _close_llm(model: LanguageModel) -> None:
@@ -77,13 +90,13 @@ def llm(path: str, n_ctx: int, threads: int, seed: int) -> LanguageModel:
 
     Shared by every session's thread: the model holds its own lock around every call.
     """
-    return load_language_model(path, n_ctx=n_ctx, threads=threads, seed=seed)
+    model: LanguageModel = registry.load_language_model(path, n_ctx=n_ctx, threads=threads, seed=seed)
+    return model  # path: a registered name ("qwen-0.5b"), a .gguf path, or "" for the default
 
 
 def collection_embedder(conn: store.Connection, collection: str) -> Embedder:
     """The embedding model a collection was built with (never another one); ``conn``: the run's connection."""
-    coll = store.require_collection(conn, collection)
-    return embedder(spec_for_model_id(coll.embedder))
+    return embedder(store.require_collection(conn, collection).embedder)
 
 
 def ingest_embedder(
@@ -95,7 +108,7 @@ def ingest_embedder(
     "auto": chosen from the language of the files). ``conn``: the run's connection.
     """
     picked = choose_embedder(conn, paths, requested=choice or None, settings=settings, collection=collection)
-    return embedder(picked.spec), picked.note
+    return embedder(picked.embedder_id), picked.note
 
 
 # ---------------------------------------------------------------------------------------------

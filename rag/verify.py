@@ -27,7 +27,7 @@ import numpy as np
 
 from rag.chunking import split_sentences
 from rag.embedding import Embedder
-from rag.models import Citation, Hit, Sentence
+from rag.records import Citation, Hit, Sentence
 from rag.text import fold, is_stopword
 
 # ---------------------------------------------------------------------------------------------

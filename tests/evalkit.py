@@ -10,7 +10,7 @@ from rag import evaluate, store
 from rag.config import Settings
 from rag.evaluate import EvalReport
 from rag.golden import Golden
-from rag.models import Chunk, Hit
+from rag.records import Chunk, Hit
 
 from .fakes import FakeEmbedder
 

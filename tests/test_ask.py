@@ -12,7 +12,7 @@ from rag import cli, store
 from rag.ask import ask, ask_stream
 from rag.config import Settings, load_settings
 from rag.ingest import ingest
-from rag.models import Answer, Hit, Retrieved
+from rag.records import Answer, Hit, Retrieved
 
 from .conftest import GUIDE
 from .fakes import FailingLLM, FakeEmbedder, FakeLLM
@@ -272,7 +272,7 @@ def test_an_empty_question_is_a_query_error(indexed: store.Connection, settings:
 
 @pytest.fixture
 def cli_db(db_path: Path, indexed: store.Connection, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr("rag.embedding.load_embedder", lambda spec, threads=0: FakeEmbedder())
+    monkeypatch.setattr("rag.registry.load_embedder", lambda spec, threads=0: FakeEmbedder())
     return db_path
 
 
@@ -393,3 +393,27 @@ def test_an_injected_reranker_is_used_even_when_settings_name_none(
     kept = [h.chunk_id for h in answer.hits]
     assert kept == list(reversed(reranker.seen))[: len(kept)]
     assert all(h.rerank_score is not None for h in answer.hits)
+
+
+def test_a_model_loaded_for_one_call_is_closed_after_it(
+    indexed: store.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag import resources as resources_module
+
+    loaded: list[FakeLLM] = []
+
+    def make() -> FakeLLM:
+        model = FakeLLM("1], the garage closes at 7 pm on weekdays. It is closed on public holidays [1].")
+        loaded.append(model)
+        return model
+
+    def load(self: Any, name: str | None = None) -> FakeLLM:  # the real method, with the model factory faked
+        model: FakeLLM = self._cached("language_model", "fake", make, lambda _m: "fake")
+        return model
+
+    monkeypatch.setattr(resources_module.Resources, "language_model", load)
+    answer = ask(GARAGE_Q, conn=indexed, settings=settings, embedder=FakeEmbedder())
+    assert answer.status == "answered" and len(loaded) == 1 and loaded[0].closed  # no process-wide model left
+    shared = resources_module.Resources(settings)
+    answer = ask(GARAGE_Q, conn=indexed, settings=settings, embedder=FakeEmbedder(), resources=shared)
+    assert answer.status == "answered" and len(loaded) == 2 and not loaded[1].closed  # the caller's to close

@@ -11,7 +11,7 @@ from rag.audit import audit_cuts, cut_positions, describe_cut, valid_boundaries
 from rag.chunking import chunk_document, document_segments
 from rag.cli import main
 from rag.extract import extract
-from rag.models import Extracted, PageSpan
+from rag.records import Extracted, PageSpan
 
 from .conftest import shared_eval_or_skip
 

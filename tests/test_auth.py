@@ -15,7 +15,7 @@ from argon2 import PasswordHasher
 from rag import auth, store
 from rag.config import load_settings
 from rag.errors import AuthError, LockedOutError, NotFoundError, PermissionDeniedError, RagError
-from rag.models import Answer, Citation, Hit
+from rag.records import Answer, Citation, Hit
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 PASSWORD = "correct horse battery"

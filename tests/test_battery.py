@@ -24,7 +24,7 @@ from .fakes import FakeEmbedder
 @pytest.fixture(autouse=True)
 def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI's model loaders give the fake embedder; generation stays off (--no-generate)."""
-    monkeypatch.setattr("rag.embedding.load_embedder", lambda *a, **k: FakeEmbedder())
+    monkeypatch.setattr("rag.registry.load_embedder", lambda *a, **k: FakeEmbedder())
 
 
 @pytest.fixture

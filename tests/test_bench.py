@@ -23,7 +23,8 @@ from .test_retrieval import CORPUS, write_corpus
 def test_quick_run_produces_every_target_and_a_table(settings: Settings, tmp_path: Path) -> None:
     options = bench.BenchOptions(quick=True, sizes=(150, 200), repeats=1, generation=False, workdir=tmp_path / "w")
     report = bench.run_bench(settings, options, embedder=FakeEmbedder(),
-                             reference=FakeEmbedder(model_id="fake/reference"))
+                             reference=FakeEmbedder(model_id="fake/reference"),
+                             multilingual=(FakeEmbedder(model_id="fake/e5"), FakeEmbedder(model_id="fake/e5-int8")))
     json.dumps(report)  # JSON-ready
     assert set(report["targets"]) == set(bench.TARGETS)
     for name, verdict in report["targets"].items():
@@ -39,8 +40,13 @@ def test_quick_run_produces_every_target_and_a_table(settings: Settings, tmp_pat
     assert 0.0 <= sizes["200"]["fast_vs_exact_top20_overlap"] <= 1.0
     assert report["ingest"]["chunks"] > 0 and 0.0 <= report["ingest"]["outside_embedding_share"] <= 1.0
     assert all(s["load_start"] >= 0 for s in report["sections"])
+    e5 = report["embedding"]["e5"]
+    assert (e5["q4"]["model"], e5["int8"]["model"]) == ("fake/e5", "fake/e5-int8") and e5["speedup"] > 0
+    assert e5["recall@20"]["int8"] == {"dense": None, "hybrid": None}  # quick: no 4-bit ingest
+    assert report["targets"]["e5_int8_speedup"]["value"] == e5["speedup"]
+    assert report["targets"]["e5_int8_recall20_loss"]["met"] is None
     table = bench.format_report(report)
-    assert "targets (2 cores):" in table and "hybrid_p50_ms" in table
+    assert "targets (2 cores):" in table and "hybrid_p50_ms" in table and "e5 int8 speedup" in table
 
 
 def test_cli_bench_quick_writes_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

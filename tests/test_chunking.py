@@ -28,7 +28,7 @@ from rag.chunking import (
     split_sentences,
 )
 from rag.extract import canonical, extract
-from rag.models import Chunk, Extracted, PageSpan
+from rag.records import Chunk, Extracted, PageSpan
 
 from .conftest import shared_eval_or_skip
 

@@ -15,7 +15,7 @@ def test_ingest_status_chunks_delete_roundtrip(
 ) -> None:
     from .fakes import FakeEmbedder
 
-    monkeypatch.setattr("rag.embedding.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
+    monkeypatch.setattr("rag.registry.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
     corpus = tmp_path / "c"
     corpus.mkdir()
     (corpus / "a.md").write_text("# A\n\nAlpha text here.\n", encoding="utf-8")
@@ -51,7 +51,7 @@ def two_readers_db(tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatc
     """A database with one public document and one for admins only."""
     from .fakes import FakeEmbedder
 
-    monkeypatch.setattr("rag.embedding.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
+    monkeypatch.setattr("rag.registry.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
     corpus = tmp_path / "readers"
     corpus.mkdir()
     (corpus / "ports.md").write_text("# Ports\n\nThe app listens on port 8501.\n", encoding="utf-8")

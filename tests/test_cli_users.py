@@ -231,8 +231,10 @@ def test_serve_desktop_needs_no_admin_and_auth_true_in_rag_toml_means_team(
 
 
 def test_cmd_serve_takes_an_injected_launcher(db_path: Path) -> None:
+    from rag.resources import Resources
+
     calls: list[Any] = []
     args = argparse.Namespace(team=False, db=None, port=None)
-    settings = cli.load_settings(db_path=db_path)
-    assert cli.cmd_serve(args, settings, launch=lambda command, env: calls.append(command) or 7) == 7
+    resources = Resources(cli.load_settings(db_path=db_path))
+    assert cli.cmd_serve(args, resources, launch=lambda command, env: calls.append(command) or 7) == 7
     assert calls and calls[0][-2:] == ["--server.fileWatcherType", "none"]

@@ -21,7 +21,7 @@ from rag.conversation import (
     standalone_question,
     visible_to,
 )
-from rag.models import Answer, Citation, Hit, Sentence
+from rag.records import Answer, Citation, Hit, Sentence
 
 from .fakes import FakeLLM
 

@@ -19,7 +19,7 @@ from rag.errors import RagError
 from rag.evaluate import EvalReport
 from rag.golden import Golden, is_relevant, parse_golden
 from rag.metrics import hit_rate_at_k, paired_counts, sign_test, wilson_interval
-from rag.models import Hit
+from rag.records import Hit
 
 from .conftest import ROOT
 from .evalkit import GOLDEN, NEEDLE, SCRIPT, ScriptedSearch, build_db, run
@@ -360,10 +360,10 @@ def test_run_strategies(tmp_path: Path, settings: Settings) -> None:
 
 @pytest.fixture
 def cli_env(built: Any, golden: Golden, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    import rag.embedding
+    import rag.registry
 
     monkeypatch.setattr(evaluate, "default_search", lambda: ScriptedSearch(SCRIPT))
-    monkeypatch.setattr(rag.embedding, "load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
+    monkeypatch.setattr(rag.registry, "load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
     path = tmp_path / "golden_test.json"
     path.write_text(json.dumps(GOLDEN), encoding="utf-8")
     return path

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rag.config import Settings
 from rag.gate import apply_gate, best_distance, gate_threshold, kept_indices, no_answer_message
-from rag.models import Collection, Hit
+from rag.records import Collection, Hit
 
 
 def hit(chunk_id: int, distance: float) -> Hit:

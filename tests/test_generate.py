@@ -23,7 +23,7 @@ from rag.generate import (
     stream_tokens,
 )
 from rag.llm import GEMMA_STOP
-from rag.models import Answer, Hit
+from rag.records import Answer, Hit
 
 from .fakes import FakeLLM
 

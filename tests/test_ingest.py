@@ -279,17 +279,19 @@ def test_moved_folder_updates_paths_so_prune_keeps_its_documents(
 def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
     conn: store.Connection, settings: Settings, tmp_path: Path, corpus: Path
 ) -> None:
-    from rag.embedding import E5_ID
+    from rag.embedding import E5_ID, MINILM_INT8_ID
     from rag.ingest import choose_embedder
 
     vi = tmp_path / "vi"
     write(vi, "a.txt", "Lỗi VPN-403 xử lý sao\n\nKhi kết nối bị từ chối, hãy kiểm tra chứng chỉ của người dùng.\n")
     auto = choose_embedder(conn, [vi], requested="auto", settings=settings)
-    assert auto.spec == "e5" and "Vietnamese" in (auto.note or "") and E5_ID in (auto.note or "")
+    assert auto.embedder_id == E5_ID and "Vietnamese" in (auto.note or "") and E5_ID in (auto.note or "")
     english = choose_embedder(conn, [corpus], requested="auto", settings=settings)
-    assert english.spec == "minilm"
-    warned = choose_embedder(conn, [vi], requested=None, settings=settings)
-    assert warned.spec == "minilm" and "--embedder e5" in (warned.note or "")
+    assert english.embedder_id == MINILM_INT8_ID
+    default = choose_embedder(conn, [vi], requested=None, settings=settings)  # auto is the default
+    assert default.embedder_id == E5_ID and "embedder auto" in (default.note or "")
+    warned = choose_embedder(conn, [vi], requested="minilm", settings=settings)
+    assert warned.embedder_id == MINILM_INT8_ID and "--embedder e5" in (warned.note or "")
     ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
     kept = choose_embedder(conn, [vi], requested="auto", settings=settings)
     assert kept == type(kept)(FakeEmbedder.model_id, None)
@@ -298,6 +300,7 @@ def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
 def test_choose_embedder_auto_picks_e5_for_a_mixed_collection(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
+    from rag.embedding import E5_ID, MINILM_INT8_ID
     from rag.ingest import choose_embedder
 
     mixed = tmp_path / "mixed"
@@ -306,10 +309,10 @@ def test_choose_embedder_auto_picks_e5_for_a_mixed_collection(
         write(mixed, f"en{n}.md", f"# Page {n}\n\n{english}")
     write(mixed, "vi.md", "# Lỗi VPN\n\nKhi kết nối bị từ chối, hãy kiểm tra chứng chỉ của người dùng.\n")
     picked = choose_embedder(conn, [mixed], requested="auto", settings=settings)
-    assert picked.spec == "e5" and "11% of the files in Vietnamese" in (picked.note or "")
+    assert picked.embedder_id == E5_ID and "11% of the files are Vietnamese" in (picked.note or "")
     for n in range(8, 12):  # one Vietnamese file in thirteen is not a mixed collection
         write(mixed, f"en{n}.md", f"# Page {n}\n\n{english}")
-    assert choose_embedder(conn, [mixed], requested="auto", settings=settings).spec == "minilm"
+    assert choose_embedder(conn, [mixed], requested="auto", settings=settings).embedder_id == MINILM_INT8_ID
 
 
 def test_save_uploads_refuses_unsupported_types_and_path_tricks(tmp_path: Path) -> None:

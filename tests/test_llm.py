@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from rag import generate
 from rag.errors import ModelLoadError
 from rag.llm import (
     GEMMA_STOP,
@@ -48,9 +47,6 @@ def test_the_fakes_satisfy_the_protocol() -> None:
 
     assert not isinstance(NotAModel(), LanguageModel)
 
-
-def test_load_llm_is_the_language_model_loader() -> None:
-    assert generate.load_llm is load_language_model
 
 
 # --- chat formats

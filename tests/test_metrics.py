@@ -29,7 +29,7 @@ from rag.metrics import (
     threshold_quantiles,
     wilson_interval,
 )
-from rag.models import Hit
+from rag.records import Hit
 
 Z = 1.959963984540054  # the 0.975 quantile of the standard normal
 

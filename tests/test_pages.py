@@ -456,7 +456,7 @@ def test_a_code_span_cannot_be_opened_by_an_escaped_backtick() -> None:
 
 def test_the_extractive_quote_keeps_its_address() -> None:
     # Regression: "...start the app with make run PORT=8502 and open instead." lost its URL.
-    from rag.models import Hit
+    from rag.records import Hit
     from rag.verify import extractive_sentences
 
     content = ("The port is a Makefile variable. To run a second copy next to the first one, start the app with "
@@ -468,7 +468,7 @@ def test_the_extractive_quote_keeps_its_address() -> None:
 
 def test_timings_have_plain_labels_and_leave_out_stages_that_did_not_run() -> None:
     from rag import ui
-    from rag.models import Answer
+    from rag.records import Answer
 
     timings = {"retrieve": 12.0, "rerank": 0.0, "gate": 0.1, "total": 13.0}
     refused = Answer("no_answer", "q", "", timings_ms=timings, trace={"stage": "hybrid"})
@@ -603,7 +603,7 @@ class ScriptedStream:
 
     def __call__(self, question: str, **kwargs: Any) -> Iterator[Any]:
         from rag.config import load_settings
-        from rag.models import Answer, Retrieved, Sentence
+        from rag.records import Answer, Retrieved, Sentence
         from rag.retrieval import search
         from rag.verify import make_citation
 
@@ -807,7 +807,7 @@ def test_stream_answer_closes_the_stream_when_the_run_is_interrupted(monkeypatch
     # A Stop click interrupts the script run with an exception at the next Streamlit call; the
     # answer stream must be closed then, or the model would stay locked.
     from rag import ui
-    from rag.models import Retrieved
+    from rag.records import Retrieved
 
     closed: list[bool] = []
 
@@ -848,7 +848,7 @@ def test_an_answer_given_to_more_groups_is_hidden_from_a_reader_with_fewer(
     guide_db: Path, fake_models: FakeEmbedder, forbidden_llm: None
 ) -> None:
     from rag import conversation
-    from rag.models import Answer
+    from rag.records import Answer
 
     conn = store.open_db(guide_db)
     try:
@@ -891,7 +891,7 @@ def test_the_app_loads_the_models_in_the_background_once(
 
 def test_answer_markdown_links_each_marker_and_escapes_the_rest() -> None:
     from rag import ui
-    from rag.models import Answer, Citation, Hit
+    from rag.records import Answer, Citation, Hit
 
     hit = Hit(5, 9, "a.md", "A", "A > B", "quoted", 10, 16, None, 0.2)
     citation = Citation(1, 5, "A", "a.md", "A > B", "#char=10,16", 10, 16, None, "quoted", 0.2)

@@ -141,7 +141,7 @@ def test_acl_keys_are_normalised_and_unmatched_keys_reported(
 def test_cli_reports_unmatched_acl_keys_and_failed_permissions(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("rag.embedding.load_embedder", lambda *a, **k: FakeEmbedder())
+    monkeypatch.setattr("rag.registry.load_embedder", lambda *a, **k: FakeEmbedder())
     root = tmp_path / "d"
     write(root, "a.md", f"---\ngroups: [hr\n---\n\n# P\n\n{SECRET}\n")
     acl = write(tmp_path, "acl.json", json.dumps({"missing.md": ["hr"]}))

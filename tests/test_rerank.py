@@ -11,7 +11,7 @@ import pytest
 
 from rag.config import Settings
 from rag.errors import ModelLoadError
-from rag.models import Hit
+from rag.records import Hit
 from rag.rerank import (
     CrossEncoderReranker,
     LlmReranker,

@@ -18,7 +18,7 @@ from rag import retrieval, store
 from rag.config import Settings
 from rag.errors import IndexMismatchError, NotFoundError, QueryError
 from rag.ingest import ingest
-from rag.models import Chunk, Hit
+from rag.records import Chunk, Hit
 from rag.retrieval import (
     RRF_K,
     STAGES,
@@ -672,9 +672,9 @@ def test_audit_flags_a_field_indexed_in_both_fts_columns(
 @pytest.fixture
 def cli_db(corpus: store.Connection, db_path: Path, fake_embedder: FakeEmbedder,
            monkeypatch: pytest.MonkeyPatch) -> Path:
-    import rag.embedding
+    import rag.registry
 
-    monkeypatch.setattr(rag.embedding, "load_embedder", lambda spec="minilm", threads=0: fake_embedder)
+    monkeypatch.setattr(rag.registry, "load_embedder", lambda spec="minilm", threads=0: fake_embedder)
     return db_path
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from rag import store
 from rag.errors import ExtensionLoadError, IndexMismatchError
-from rag.models import Chunk
+from rag.records import Chunk
 
 EXPECTED_COLUMNS = {
     "meta": ["key", "value"],

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from rag.models import Hit
+from rag.records import Hit
 from rag.verify import (
     clean_markers,
     content_words,

@@ -19,10 +19,11 @@ import pytest
 from rag import store
 from rag.ask import ask
 from rag.config import Settings, load_settings
-from rag.embedding import E5_ID, MINILM_ID
-from rag.gate import CALIBRATED_MAX_DISTANCE, calibrated_threshold, gate_threshold
+from rag.embedding import E5_ID, MINILM_ID, MINILM_INT8_ID
+from rag.gate import gate_threshold
 from rag.golden import Evidence, is_relevant, load_golden
 from rag.ingest import choose_embedder, ingest, reindex
+from rag.registry import calibrated_threshold
 from rag.retrieval import search
 from rag.text import (
     ENGLISH_STOPWORDS,
@@ -74,17 +75,18 @@ def test_auto_picks_e5_for_vietnamese_files_and_minilm_for_english_and_says_so(
     )
     en = write(tmp_path / "en", "a.md", "# Leave\n\nEmployees earn annual leave every pay period.\n")
     picked = choose_embedder(conn, [vi], requested="auto", settings=settings)
-    assert picked.spec == "e5"
+    assert picked.embedder_id == E5_ID
     assert picked.note is not None and "Vietnamese" in picked.note and E5_ID in picked.note
     english = choose_embedder(conn, [en], requested="auto", settings=settings)
-    assert english.spec == "minilm"
+    assert english.embedder_id == MINILM_INT8_ID
     assert english.note is not None and "all-MiniLM-L6-v2" in english.note and "0%" in english.note
 
 
 def test_auto_choice_on_the_real_corpora(conn: store.Connection, settings: Settings) -> None:
     shared = shared_eval_or_skip()
-    assert choose_embedder(conn, [shared / "corpus_vi"], requested="auto", settings=settings).spec == "e5"
-    assert choose_embedder(conn, [shared / "corpus_handbook"], requested="auto", settings=settings).spec == "minilm"
+    assert choose_embedder(conn, [shared / "corpus_vi"], requested="auto", settings=settings).embedder_id == E5_ID
+    assert choose_embedder(conn, [shared / "corpus_handbook"], requested="auto",
+                           settings=settings).embedder_id == MINILM_INT8_ID
 
 
 @pytest.mark.parametrize(
@@ -132,8 +134,7 @@ def test_language_check_on_every_golden_vi_wording() -> None:
 
 
 def test_calibrated_thresholds_are_known_for_the_bundled_models_only() -> None:
-    assert set(CALIBRATED_MAX_DISTANCE) >= {MINILM_ID, E5_ID}
-    assert all(0.0 < t < 1.0 for t in CALIBRATED_MAX_DISTANCE.values())
+    assert all(0.0 < (calibrated_threshold(m) or 0.0) < 1.0 for m in (MINILM_ID, MINILM_INT8_ID, E5_ID))
     assert calibrated_threshold(E5_ID) != calibrated_threshold(MINILM_ID)  # e5 distances are compressed
     assert calibrated_threshold("path:/models/some-model") is None
 
@@ -146,8 +147,8 @@ def test_a_new_collection_is_stamped_with_its_models_threshold(
     ingest(conn, [folder], settings=settings, embedder=FakeEmbedder(model_id=model_id))
     coll = store.require_collection(conn, settings.collection)
     assert coll.embedder == model_id
-    assert coll.max_distance == CALIBRATED_MAX_DISTANCE.get(model_id)
-    expected = CALIBRATED_MAX_DISTANCE.get(model_id, settings.max_distance)
+    assert coll.max_distance == calibrated_threshold(model_id)
+    expected = calibrated_threshold(model_id) or settings.max_distance
     assert gate_threshold(settings, coll) == expected
 
 
@@ -162,10 +163,10 @@ def test_the_gate_uses_the_stamp_and_a_calibration_overrides_it(
     ingest(conn, [folder], settings=settings, embedder=FakeEmbedder(model_id="path:/models/own"), collection="own")
 
     hit = search(conn, question, embedder=embedder, settings=settings, collection="vi", stage="hybrid", k=4)[0]
-    assert CALIBRATED_MAX_DISTANCE[E5_ID] < hit.distance < settings.max_distance  # the case under test
+    assert calibrated_threshold(E5_ID) < hit.distance < settings.max_distance  # the case under test
 
     stamped = ask(question, conn=conn, settings=settings, collection="vi", embedder=embedder, generate=False)
-    assert stamped.status == "no_answer" and stamped.trace["threshold"] == CALIBRATED_MAX_DISTANCE[E5_ID]
+    assert stamped.status == "no_answer" and stamped.trace["threshold"] == calibrated_threshold(E5_ID)
     plain = ask(
         question,
         conn=conn,
@@ -189,7 +190,7 @@ def test_switching_a_collections_model_restamps_its_threshold(
     store.set_collection_threshold(conn, settings.collection, 0.61)  # calibrated for MiniLM
     reindex(conn, settings=settings, embedder=FakeEmbedder(model_id=E5_ID))
     coll = store.require_collection(conn, settings.collection)
-    assert coll.embedder == E5_ID and coll.max_distance == CALIBRATED_MAX_DISTANCE[E5_ID]
+    assert coll.embedder == E5_ID and coll.max_distance == calibrated_threshold(E5_ID)
 
 
 # --- the Vietnamese keyword side
@@ -376,7 +377,7 @@ def test_e5_dense_branch_finds_the_needle_in_the_top_4(
 ) -> None:
     conn, settings = e5_db
     coll = store.require_collection(conn, "vi")
-    assert coll.embedder == E5_ID and coll.max_distance == CALIBRATED_MAX_DISTANCE[E5_ID]
+    assert coll.embedder == E5_ID and coll.max_distance == calibrated_threshold(E5_ID)
     item = golden_item(item_id)
     hits = search(conn, item.question, embedder=e5, settings=settings, collection="vi", stage="dense", k=20)
     rank = needle_rank(hits, item.evidence)
@@ -403,5 +404,5 @@ def test_a_vietnamese_question_over_corpus_vi_is_answered_with_the_needle(
     item = golden_item("V16")
     answer = ask(item.question, conn=conn, settings=settings, collection="vi", embedder=e5, generate=False)
     assert answer.status == "extractive" and answer.language == "vi"
-    assert answer.trace["threshold"] == CALIBRATED_MAX_DISTANCE[E5_ID]
+    assert answer.trace["threshold"] == calibrated_threshold(E5_ID)
     assert needle_rank(answer.hits, item.evidence) is not None

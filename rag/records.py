@@ -1,4 +1,4 @@
-"""Plain, frozen data model shared by every pipeline stage."""
+"""Records: the plain, frozen data passed between pipeline stages (documents, chunks, hits, answers)."""
 
 from __future__ import annotations
 

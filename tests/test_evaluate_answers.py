@@ -1,0 +1,110 @@
+"""Answer-level evaluation: outcomes, correctness by the relevance rule, figures, decision signals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag import cli, store
+from rag.config import Settings
+from rag.evaluate_answers import run_answers
+from rag.golden import load_golden
+from rag.ingest import ingest
+from rag.resources import Resources
+
+from .fakes import FakeEmbedder, FakeLLM
+
+PAGES = {
+    "parking.md": "# Parking\n\n## Garage\n\nThe garage closes at 7 pm on weekdays. It is closed on public holidays.\n",
+    "office.md": "# Office\n\n## Access\n\nThe office opens at 8 am. Visitors must sign in at the front desk.\n",
+}
+GOLDEN = [
+    {"id": "A1", "kind": "answerable", "question": "When does the garage close on weekdays?", "paraphrases": [],
+     "groups": ["all"], "evidence": [{"source": "parking.md", "quote": "The garage closes at 7 pm on weekdays."}]},
+    {"id": "U1", "kind": "unanswerable", "question": "What is the boiling point of water on Everest?",
+     "paraphrases": [], "groups": ["all"], "evidence": []},
+]
+
+
+@pytest.fixture
+def setup(tmp_path: Path, conn: store.Connection, settings: Settings,
+          monkeypatch: pytest.MonkeyPatch) -> tuple[store.Connection, Settings, Path]:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name, text in PAGES.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    ingest(conn, [folder], settings=settings, embedder=FakeEmbedder())
+    golden = tmp_path / "golden.json"
+    golden.write_text(json.dumps(GOLDEN), encoding="utf-8")
+    monkeypatch.setattr("rag.registry.load_embedder", lambda *a, **k: FakeEmbedder())
+
+    def language_model(self: Any, name: str | None = None) -> FakeLLM:
+        model: FakeLLM = self._cached("language_model", "fake", lambda: FakeLLM(
+            "1], the garage closes at 7 pm on weekdays. It is closed on public holidays [1]."), lambda _m: "fake")
+        return model
+
+    monkeypatch.setattr(Resources, "language_model", language_model)
+    return conn, settings.replace(max_distance=0.9), golden
+
+
+def test_outcomes_correctness_and_figures(setup: tuple[store.Connection, Settings, Path]) -> None:
+    conn, settings, golden = setup
+    with Resources(settings) as resources:
+        report = run_answers(conn, load_golden(golden), resources=resources, settings=settings)
+    rows = {r.id: r for r in report.rows}
+    assert rows["A1/q"].status == "answered" and rows["A1/q"].correct and rows["A1/q"].model_sentences == 2
+    assert rows["A1/q"].supported_sentences == 2 and rows["A1/q"].signals["verified"] == 1.0
+    assert set(rows["A1/q"].signals) == {"distance", "gap", "coverage", "rare_coverage", "agreement",
+                                         "lm_refused", "lm_logodds", "verified"}
+    figures = report.figures()
+    assert figures["answerable"] == 1 and figures["must_refuse"] == 1
+    assert figures["answered_model_written"] == 1.0 and figures["answered_correct"] == 1.0
+    unanswerable = rows["U1/q"]
+    assert figures["bluffs"] == (0.0 if unanswerable.refused else 1.0)  # the same model answers everything
+    examples = report.examples("toy")
+    assert examples and examples[0].corpus == "toy"
+
+
+def test_a_refused_answerable_query_is_lost_and_not_correct(setup: tuple[store.Connection, Settings, Path]) -> None:
+    conn, settings, golden = setup
+    strict = settings.replace(max_distance=0.01)
+    with Resources(strict) as resources:
+        report = run_answers(conn, load_golden(golden), resources=resources, settings=strict)
+    figures = report.figures()
+    assert figures["lost"] == 1.0 and figures["bluffs"] == 0.0 and figures["answered_correct"] == 0.0
+    assert figures["refusal_recall"] == 1.0 and figures["refusal_precision"] == 0.5
+    assert all(not r.signals for r in report.rows)  # the gate refused: no decision to make
+
+
+def test_cli_eval_answers_prints_the_figures(
+    setup: tuple[store.Connection, Settings, Path], db_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, golden = setup
+    out = tmp_path / "answers.json"
+    assert cli.main(["eval", "answers", "--db", str(db_path), "--golden", str(golden), "--no-generate",
+                     "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "answered_correct" in printed and "bluffs" in printed
+    saved = json.loads(out.read_text(encoding="utf-8"))
+    assert saved["language_model"] == "none (extractive)" and len(saved["rows"]) == 2
+
+
+def test_unsupported_model_sentences_are_counted_from_the_trace(
+    setup: tuple[store.Connection, Settings, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn, settings, golden = setup
+
+    def wrong_model(self: Any, name: str | None = None) -> FakeLLM:
+        model: FakeLLM = self._cached("language_model", "wrong", lambda: FakeLLM(
+            "1], the moon is made of green cheese and opens at noon."), lambda _m: "wrong")
+        return model
+
+    monkeypatch.setattr(Resources, "language_model", wrong_model)
+    with Resources(settings) as resources:
+        report = run_answers(conn, load_golden(golden), resources=resources, settings=settings, limit=1)
+    [row] = report.rows
+    assert row.status == "extractive" and row.model_sentences == 1 and row.supported_sentences == 0
+    assert report.figures()["support_rate"] == 0.0 and row.signals["verified"] == 0.0
