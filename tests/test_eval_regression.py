@@ -4,9 +4,11 @@ Ingests docs/guide with the real all-MiniLM-L6-v2 into a temporary database, run
 the baseline has, and fails when anything leaks or when more than ``TOLERANCE`` queries that
 passed at R@8 (hit rate at 8) in ``tests/baseline_eval.json`` fail now (per stage), printing the flipped queries.
 
-Regenerate the baseline after an intended change (and commit it with that change):
+Regenerate the baseline after an intended change (and commit it with that change); the gate
+measures all-MiniLM-L6-v2, so the model is named (``auto`` would pick e5 for the guide, which
+has a Vietnamese part):
 
-    rag ingest docs/guide --db /tmp/guide.db --acl docs/acl_guide.json
+    rag ingest docs/guide --db /tmp/guide.db --acl docs/acl_guide.json --embedder minilm
     rag eval --db /tmp/guide.db --golden docs/golden_guide.json --no-save --brief \\
         --json tests/baseline_eval.json
 """
