@@ -271,3 +271,18 @@ def test_a_sentence_saying_the_sources_lack_the_answer_is_not_a_supported_claim(
 )
 def test_ordinary_negative_claims_are_not_declines(text: str) -> None:
     assert not declined(text)
+
+
+def test_a_toned_sentence_is_checked_with_its_tones() -> None:
+    from rag.verify import Draft, judge
+
+    source = hit("Chạy ứng dụng trên cổng khác bằng lệnh make run PORT=8502. Cửa sổ dòng lệnh của bạn cần "
+                 "quyền ghi vào thư mục dữ liệu, ngày chẵn hay lẻ cũng vậy.")
+    # Folded, "cửa"/"của", "ngày"… collide and this copy of the prompt's worked example looked supported.
+    copied = judge(Draft("Hầm xe cũng đóng cửa vào các ngày lễ [1].", [1], 0, 0), [source], 0.5)
+    assert not copied.supported
+    folded = content_words("Hầm xe cũng đóng cửa vào các ngày lễ")
+    assert len(folded & content_words(source.content)) / len(folded) >= 0.5  # what the folded check accepted
+    faithful = judge(Draft("Chạy ứng dụng trên cổng khác bằng lệnh make run PORT=8502 [1].", [1], 0, 0), [source], 0.5,
+                     "lam sao chay ung dung tren cong khac")
+    assert faithful.supported, faithful.reason
