@@ -198,8 +198,14 @@ def raw_sentences(text: str) -> list[str]:
             pieces[-1] = f"{pieces[-1]} {lead.group(0).strip()}"
             piece = piece[lead.end() :]
         if piece.strip():
-            pieces.append(piece)
-    return pieces
+            pieces.extend(_CLOSED_BY_MARKER.split(piece))
+    return [p for p in pieces if p.strip()]
+
+
+# "…[1]. more text": a citation followed by a full stop closes its sentence, whatever comes next.
+# The splitter keeps "[1]. mendatang ```bash …```" in one sentence (no capital after the stop), and
+# the words of the copied code block then "supported" a sentence that had nothing to do with them.
+_CLOSED_BY_MARKER = re.compile(r"(?<=\d\][.!?])\s+(?=\S)")
 
 
 _SOFT_WRAP = re.compile(r"[ \t]*\n[ \t]*(?!\n|[-*+•][ \t]|\d{1,3}[.)][ \t])")

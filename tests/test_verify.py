@@ -286,3 +286,13 @@ def test_a_toned_sentence_is_checked_with_its_tones() -> None:
     faithful = judge(Draft("Chạy ứng dụng trên cổng khác bằng lệnh make run PORT=8502 [1].", [1], 0, 0), [source], 0.5,
                      "lam sao chay ung dung tren cong khac")
     assert faithful.supported, faithful.reason
+
+
+def test_a_citation_and_a_full_stop_close_the_sentence() -> None:
+    text = "Hầm xe cũng đóng cửa vào các ngày lễ [1]. mendatang ```bash make run PORT=8502 ```"
+    assert raw_sentences(text) == ["Hầm xe cũng đóng cửa vào các ngày lễ [1].",
+                                   "mendatang ```bash make run PORT=8502 ```"]
+    source = hit("Chạy ứng dụng trên cổng khác bằng make run PORT=8502 trong thư mục dự án.")
+    answer = verify_answer("lam sao chay ung dung tren cong khac", "1], " + text, [source], support_threshold=0.5,
+                           show_unsupported=False, embedder=None, language="vi")
+    assert answer.status == "extractive"  # the copied example is unsupported, the code tail cites nothing
