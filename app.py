@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import streamlit as st
 
-from rag import ask, conversation, ui
+from rag import ask, conversation, ui, ui_auth
 from rag.errors import RagError
 from rag.messages import say
 
-with ui.frame() as view:
+with ui.frame("ask") as view:
     settings = view.settings
+    user_id = view.user.id if view.user else None  # team mode keeps each user's chats apart
     if view.collections and settings.preload_models:
         ui.warm_models(str(settings.db_path), view.collection, settings.llm_path, settings)
 
     replaced = st.session_state.pop(ui.REPLACE_KEY, None)
     if replaced is not None:  # "ask again": the last answer goes, its question is asked anew below
         conversation.delete_turn(view.conn, replaced)
-    chat = ui.open_chat(view.conn, view.collection)
-    turns = conversation.chat_turns(view.conn, view.collection, chat)
+    chat = ui.open_chat(view.conn, view.collection, user_id)
+    turns = conversation.chat_turns(view.conn, view.collection, chat, user_id)
     stopped = st.session_state.pop(ui.ASKING_KEY, None)  # the last run was interrupted while answering
     pending = st.session_state.pop(ui.PENDING_KEY, None)
     language = turns[-1].answer.language if turns else "en"
@@ -38,6 +39,8 @@ with ui.frame() as view:
     new.button(say(language, "new_chat"), icon=":material/add_comment:", disabled=not turns, key="rag-new-chat",
                on_click=ui.start_new_chat, args=(view.collection,))
     st.caption(say(language, "caption", collection=view.collection, groups=", ".join(view.groups)))
+    if view.user is not None:
+        ui_auth.render_history(view.conn, view.user)
     if not view.collections:
         st.info(say(language, "nothing_indexed"))
         st.stop()
@@ -90,19 +93,22 @@ with ui.frame() as view:
             st.session_state[ui.ASKING_KEY] = question  # still set on the next run: this one was stopped
             st.button(say(rewrite.language, "stop"), icon=":material/stop_circle:", key="rag-stop")
             try:
-                answer = ui.stream_answer(
-                    ask.ask_stream(
-                        rewrite.searched, settings=settings, groups=view.groups, collection=view.collection,
-                        embedder=model, llm=llm, conn=view.conn, resources=ui.resources(settings),
-                        language=rewrite.language,
-                    ),
-                    view.groups, rewrite.language,
+                view.require("ask")
+                events = ask.ask_stream(
+                    rewrite.searched, settings=settings, groups=view.groups, collection=view.collection,
+                    embedder=model, llm=llm, conn=view.conn, resources=ui.resources(settings),
+                    language=rewrite.language,
                 )
+                if view.user is not None:  # team mode: who asked what, and what they were shown
+                    events = ui_auth.audited(events, view.conn, view.user, question=question, groups=view.groups,
+                                             collection=view.collection, preview=view.preview)
+                answer = ui.stream_answer(events, view.groups, rewrite.language)
             except RagError as e:
                 st.session_state.pop(ui.ASKING_KEY, None)
                 st.error(str(e))
             else:
                 conversation.save_turn(view.conn, collection=view.collection, chat_id=chat, question=question,
-                                       searched=rewrite.searched, answer=answer, groups=view.groups)
+                                       searched=rewrite.searched, answer=answer, groups=view.groups,
+                                       user_id=user_id)
                 st.session_state.pop(ui.ASKING_KEY, None)
                 st.rerun()  # draw it with its links, sources and details, like every earlier answer

@@ -13,10 +13,14 @@ from rag.chunking import STRATEGIES
 from rag.errors import RagError
 from rag.registry import encoder_window
 
-with ui.frame() as view:
+with ui.frame("view_chunks") as view:
     st.title("Chunks")
-    st.caption("Operator view: every indexed document of the collection, whatever the sidebar's *viewing as* groups.")
-    docs = access.readable_documents(view.conn, view.collection, access.OPERATOR)
+    if view.team:
+        st.caption("The chunks of the documents you may read.")
+    else:
+        st.caption("Operator view: every indexed document of the collection, whatever the sidebar's *viewing as* "
+                   "groups.")
+    docs = access.readable_documents(view.conn, view.collection, view.scope)
     coll = view.stamp
     if not docs or coll is None:
         st.info("No indexed document in this collection yet: add some on the Documents page.")
@@ -25,8 +29,8 @@ with ui.frame() as view:
     labels = {r["id"]: f"{r['source']} · {r['chunk_count']} chunks" for r in docs}
     document_id = st.selectbox("Document", list(labels), format_func=labels.__getitem__)
     try:
-        doc = access.readable_document(view.conn, document_id, access.OPERATOR)
-        rows = access.readable_chunks(view.conn, access.OPERATOR, document_id=document_id)
+        doc = access.readable_document(view.conn, document_id, view.scope)
+        rows = access.readable_chunks(view.conn, view.scope, document_id=document_id)
     except RagError as e:
         ui.stop_on(e)
     text = doc["canonical_text"] or ""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from rag import ui
+from rag import access, ui
 from rag.errors import RagError
 from rag.ingest import (
     IngestReport,
@@ -34,22 +34,27 @@ def progress_callback(label: str) -> Callable[[int, int, int, str], None]:
     return update
 
 
-with ui.frame() as view:
+with ui.frame("upload") as view:
     settings = view.settings
 
     st.title("Documents")
-    st.caption(
-        "Operator view: every document of the collection, whatever the sidebar's *viewing as* groups. "
-        "Supported files: Markdown, text, HTML and PDF."
-    )
+    if view.team:
+        st.caption("The documents you may read. Supported files: Markdown, text, HTML and PDF.")
+    else:
+        st.caption(
+            "Operator view: every document of the collection, whatever the sidebar's *viewing as* groups. "
+            "Supported files: Markdown, text, HTML and PDF."
+        )
     ui.show_flash()
 
     # --- add documents ----------------------------------------------------------------------------
 
     st.subheader("Add documents")
+    new_allowed = view.may("manage_collections")  # team mode: administrators create collections
     target = st.text_input(
-        "Into collection", value=view.collection,
-        help="A new name creates a new collection with the model chosen below.",
+        "Into collection", value=view.collection, disabled=not new_allowed,
+        help="A new name creates a new collection with the model chosen below." if new_allowed else
+        "Administrators create collections; documents go into the one selected in the sidebar.",
     ).strip() or view.collection
     is_new = target not in view.collections
     if is_new:
@@ -82,6 +87,9 @@ with ui.frame() as view:
 
     if upload_clicked or folder_clicked:
         try:
+            view.require("upload" if upload_clicked else "ingest")
+            if is_new:
+                view.require("manage_collections")
             paths: list[str | Path]
             if upload_clicked:
                 st.session_state["_rag_upload_round"] = st.session_state.get("_rag_upload_round", 0) + 1
@@ -100,6 +108,8 @@ with ui.frame() as view:
                     retry_failed=True, on_progress=progress_callback("Ingest"),
                 )
                 ui.report_messages(report)
+                view.audit("ingest", {"collection": target, "from": "upload" if upload_clicked else "folder",
+                                      "summary": report.summary()})
         except RagError as e:
             ui.flash("error", str(e))
         else:
@@ -110,7 +120,7 @@ with ui.frame() as view:
 
     st.subheader(f"Status of “{view.collection}”")
     try:
-        infos = document_statuses(view.conn, settings, view.collection)
+        infos = access.readable_infos(view.conn, document_statuses(view.conn, settings, view.collection), view.scope)
     except RagError as e:
         ui.stop_on(e)
 
@@ -146,12 +156,14 @@ with ui.frame() as view:
     def run_with_collection_model(job: Callable[..., IngestReport], label: str) -> None:
         """Run ``retry_failed_documents`` or ``reindex`` on this collection with its own model, then rerun."""
         try:
+            view.require("ingest")
             model = ui.collection_embedder(view.conn, view.collection)
             report = job(
                 view.conn, settings=settings, embedder=model, collection=view.collection,
                 on_progress=progress_callback(label),
             )
             ui.report_messages(report)
+            view.audit("ingest", {"collection": view.collection, "from": label.lower(), "summary": report.summary()})
         except RagError as e:
             ui.flash("error", str(e))
         st.rerun()
@@ -162,12 +174,17 @@ with ui.frame() as view:
     if stale_col.button(f"Re-embed stale ({len(stale)})", disabled=not stale):
         run_with_collection_model(reindex, "Re-embed")
 
+    if not view.may("delete_document"):  # team mode: administrators delete
+        st.stop()
     with st.expander("Delete documents"), st.form("delete", clear_on_submit=True, border=False):
         by_source = {d.source: d.id for d in infos}
         doomed = st.multiselect("Documents to delete", list(by_source))
         if st.form_submit_button("Delete selected") and doomed:
             try:
+                view.require("delete_document")
                 delete_documents(view.conn, [by_source[source] for source in doomed])
+                view.audit("delete_documents", {"collection": view.collection, "sources": doomed,
+                                                "document_ids": [by_source[source] for source in doomed]})
                 ui.flash("success", f"Deleted {len(doomed)} document(s): {', '.join(doomed)}")
             except RagError as e:
                 ui.flash("error", str(e))

@@ -13,7 +13,7 @@ from rag.errors import RagError
 from rag.golden import Golden, load_golden
 from rag.ingest import load_acl
 
-with ui.frame() as view:
+with ui.frame("run_eval") as view:
     settings = view.settings
 
     st.title("Evaluation")
@@ -61,6 +61,7 @@ with ui.frame() as view:
 
     if run_clicked:
         try:
+            view.require("run_eval")
             golden = chosen_golden()
             model = ui.collection_embedder(view.conn, view.collection)
             started = time.perf_counter()
@@ -71,6 +72,7 @@ with ui.frame() as view:
                     groups_as_golden=as_golden, commit=evaluate.current_commit(),
                 )
                 run_id = history.save_run(view.conn, report)
+            view.audit("eval_run", {"collection": view.collection, "golden": golden.name, "run": run_id})
             ui.flash("success", f"Run #{run_id}: {report.queries.total} queries in "
                                 f"{time.perf_counter() - started:.1f} s.")
         except RagError as e:
@@ -130,6 +132,7 @@ with ui.frame() as view:
         saved = st.file_uploader("…or load a saved strategy table (JSON)", type=["json"], key="strategy_upload")
     if compare_clicked:
         try:
+            view.require("run_eval")
             golden = chosen_golden()
             model, _ = ui.ingest_embedder(view.conn, settings, view.collection, settings.embedder, [corpus])
             with st.status("Comparing strategies…") as status:

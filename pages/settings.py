@@ -13,7 +13,7 @@ import streamlit as st
 from rag import config, gate, history, ui
 from rag.errors import RagError
 
-with ui.frame() as view:
+with ui.frame("manage_settings") as view:
     settings = view.settings
 
     st.title("Settings")
@@ -52,8 +52,11 @@ with ui.frame() as view:
         saved = st.form_submit_button("Save settings", type="primary")
     if saved:
         try:
-            path = config.write_settings({"embedder": embedder, "llm_path": llm_path.strip(), "rewrite": rewrite,
-                                          "max_distance": round(float(default_threshold), 4)})
+            view.require("manage_settings")
+            changes = {"embedder": embedder, "llm_path": llm_path.strip(), "rewrite": rewrite,
+                       "max_distance": round(float(default_threshold), 4)}
+            path = config.write_settings(changes)
+            view.audit("settings_save", changes)
             ui.flash("success", f"Saved to {path}.")
         except RagError as e:
             ui.flash("error", str(e))
@@ -77,7 +80,9 @@ with ui.frame() as view:
         if st.button(f"Apply the recommended value {recommendation.threshold:.3f} to “{view.collection}”",
                      disabled=abs(recommendation.threshold - in_force) < 1e-9):
             try:
+                view.require("manage_settings")
                 applied = history.apply_recommendation(view.conn, view.collection)
+                view.audit("threshold_apply", {"collection": view.collection, "threshold": applied.threshold})
                 ui.flash("success", f"“{view.collection}” now refuses beyond {applied.threshold:.3f}.")
             except RagError as e:
                 ui.flash("error", str(e))

@@ -12,7 +12,7 @@ import streamlit as st
 from rag import access, ui
 from rag.errors import RagError
 
-with ui.frame() as view:
+with ui.frame("open_source") as view:
     params = st.query_params
 
     st.title("Source")

@@ -221,3 +221,19 @@ def readable_chunks(
         return rows
     keys = set(store.visible_access_keys(conn, groups))
     return [r for r in rows if r["access_key"] in keys]
+
+
+def readable_infos(conn: store.Connection, infos: Sequence[DocumentInfo], groups: Groups) -> list[DocumentInfo]:
+    """The documents of ``infos`` (any status) that the reader may see, in their order.
+
+    The Documents page lists these in team mode: an editor sees the status of the documents their
+    groups may read, not the names of the others.
+    """
+    if groups is None:
+        return list(infos)
+    keys = set(store.visible_access_keys(conn, groups))
+    allowed = {
+        int(r["id"]) for name in {i.collection for i in infos} for r in store.document_rows(conn, name)
+        if r["access_key"] in keys
+    }
+    return [i for i in infos if i.id in allowed]

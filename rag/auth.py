@@ -42,7 +42,8 @@ ROLES: tuple[Role, ...] = get_args(Role)
 Action = Literal[
     "ask", "open_source", "view_chunks",  # reader
     "upload", "ingest",  # editor
-    "delete_document", "manage_users", "manage_settings", "run_eval", "view_audit", "view_as",  # admin
+    "delete_document", "manage_users", "manage_collections", "manage_settings", "run_eval", "view_audit",
+    "view_as",  # admin
 ]
 ACTIONS: tuple[Action, ...] = get_args(Action)
 
@@ -59,7 +60,8 @@ PERMISSIONS: Mapping[Role, frozenset[Action]] = {
 _ACTION_WORDS: Mapping[str, str] = {
     "ask": "ask questions", "open_source": "open sources", "view_chunks": "view chunks",
     "upload": "upload documents", "ingest": "ingest documents", "delete_document": "delete documents",
-    "manage_users": "manage users", "manage_settings": "change settings", "run_eval": "run evaluations",
+    "manage_users": "manage users", "manage_collections": "create collections",
+    "manage_settings": "change settings", "run_eval": "run evaluations",
     "view_audit": "view the audit log", "view_as": "view as other groups",
 }
 
@@ -631,11 +633,19 @@ def _csv_cell(value: Any) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
-def prune_audit(conn: store.Connection, retention_days: int, now: datetime | None = None) -> int:
+def prune_audit(
+    conn: store.Connection, retention_days: int, now: datetime | None = None, *, actor: User | None = None,
+) -> int:
     """Delete audit rows older than ``retention_days`` (0 keeps everything); returns how many.
 
-    The prune itself is recorded, so the log shows when its history was shortened.
+    The prune itself is recorded, so the log shows when its history was shortened. ``actor``:
+    the admin doing it from the app, checked and named in that row; None means the command line.
+
+    Raises:
+        PermissionDeniedError: ``actor`` may not view (and so manage) the audit log.
     """
+    if actor is not None:
+        require(actor, "view_audit")
     if retention_days < 0:
         raise ValueError(f"retention_days must be 0 or more (got {retention_days})")
     if retention_days == 0:
@@ -644,7 +654,7 @@ def prune_audit(conn: store.Connection, retention_days: int, now: datetime | Non
     with store.transaction(conn):
         deleted = conn.execute("DELETE FROM audit_log WHERE at < ?",
                                (_iso(now - timedelta(days=retention_days)),)).rowcount
-        record(conn, None, "audit_prune", {"deleted": deleted, "retention_days": retention_days}, at=now)
+        record(conn, actor, "audit_prune", {"deleted": deleted, "retention_days": retention_days}, at=now)
     return int(deleted)
 
 

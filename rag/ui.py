@@ -27,8 +27,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from rag import registry, store
-from rag.access import groups_from_param, known_groups
+from rag import auth, registry, store, ui_auth
+from rag.access import Groups, groups_from_param, known_groups
 from rag.config import Settings, data_dir, load_settings
 from rag.conversation import latest_chat_id, new_chat_id
 from rag.embedding import Embedder
@@ -137,6 +137,17 @@ NAVIGATION = (
     NavLink("pages/evaluation.py", "Evaluation", ":material/monitoring:"),
     NavLink("pages/settings.py", "Settings", ":material/settings:"),
 )
+ADMIN_LINK = NavLink("pages/admin.py", "Admin", ":material/admin_panel_settings:")  # team mode, admins only
+
+
+def navigation(settings: Settings, user: auth.User | None) -> list[NavLink]:
+    """The links of the sidebar: every page in desktop mode; in team mode the pages the user's
+    role may open, and Admin for administrators."""
+    if not settings.auth:
+        return list(NAVIGATION)
+    links = [*NAVIGATION, ADMIN_LINK]
+    allowed = set(ui_auth.allowed_pages(user, [link.path for link in links]))
+    return [link for link in links if link.path in allowed]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +159,36 @@ class View:
     collection: str  # the selected collection (settings.collection when the database is empty)
     collections: list[str]
     stamp: Collection | None  # the selected collection's model, strategy and threshold (None: not created yet)
-    groups: list[str]  # the reader's groups ("viewing as")
+    groups: list[str]  # the reader's groups ("viewing as"; in team mode the signed-in user's, or an admin's preview)
     known_groups: list[str]
     health: IndexHealth
+    user: auth.User | None = None  # team mode: the signed-in user (None in desktop mode)
+    preview: bool = False  # team mode: ``groups`` are an admin's preview of other groups
+
+    @property
+    def team(self) -> bool:
+        return self.settings.auth
+
+    @property
+    def scope(self) -> Groups:
+        """The groups of the operator views (Documents, Chunks): every document (``access.OPERATOR``)
+        in desktop mode; in team mode only what the reader may see."""
+        return self.groups if self.team else None
+
+    def may(self, action: str) -> bool:
+        """Whether this run's reader may ``action`` (anything in desktop mode; ``auth.may`` in team mode)."""
+        return not self.team or auth.may(self.user, action)
+
+    def require(self, action: str) -> None:
+        """``may`` or a ``PermissionDeniedError``: the check in each action's own path, so a
+        crafted rerun of a hidden control cannot run it."""
+        if self.team:
+            auth.require(self.user, action)
+
+    def audit(self, action: str, detail: Mapping[str, Any] | None = None) -> None:
+        """Record an action in the audit log (team mode only; desktop mode keeps no log)."""
+        if self.team:
+            auth.record(self.conn, self.user, action, detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,51 +220,71 @@ def selected_collection(names: Sequence[str], settings: Settings) -> str:
 
 
 @contextmanager
-def frame() -> Iterator[View]:
+def frame(action: str | None = None) -> Iterator[View]:
     """Draw the frame and yield the View; its connection is closed when the block ends.
 
-    A RagError while opening (a bad setting, an unreadable database) is shown and stops the run.
+    In team mode (``Settings.auth``) a run without a signed-in user draws the sign-in form and
+    stops, and a run whose user's role may not ``action`` (the page's own, ``ui_auth.PAGE_ACTIONS``)
+    says so and stops. A RagError while opening (a bad setting, an unreadable database) is shown
+    and stops the run.
     """
     st.set_page_config(page_title="Ask your documents", page_icon="📚", layout="wide")
     with ExitStack() as stack:
         try:
             settings = load_settings()
             conn = stack.enter_context(connection(settings))
+            user = ui_auth.signed_in_user(conn, settings) if settings.auth else None
             names = [c.name for c in store.list_collections(conn)]
             data = read_frame(conn, settings, selected_collection(names, settings) if names else None)
         except RagError as e:
             stop_on(e)
             raise  # stop_on() raises; this line only tells type checkers so
-        yield draw_frame(settings, conn, data)
+        view = draw_frame(settings, conn, data, user)
+        if settings.auth and action is not None:
+            ui_auth.refuse_page(user, action)
+        yield view
 
 
-def draw_frame(settings: Settings, conn: store.Connection, data: FrameData) -> View:
-    """The sidebar: navigation, database, collection and groups pickers, index health."""
+def draw_frame(settings: Settings, conn: store.Connection, data: FrameData, user: auth.User | None = None) -> View:
+    """The sidebar: navigation, database, collection and groups pickers, index health.
+
+    Team mode (``user`` signed in) replaces the "viewing as" picker with who is signed in, an
+    admin's preview and Sign out (``ui_auth.sidebar_account``).
+    """
     names = [c.name for c in data.collections]
     collections = names or [settings.collection]
     groups = data.groups
     # Each page draws these widgets anew; setting their keys every run keeps the choice when the
     # reader moves to another page (Streamlit drops the state of a widget its page did not draw).
-    if "groups" not in st.session_state:
-        st.session_state["groups"] = groups_from_param(st.query_params.get("groups"), groups)
-    else:  # a group may have disappeared with its last document
-        st.session_state["groups"] = [g for g in st.session_state["groups"] if g in groups]
+    if user is None:
+        if "groups" not in st.session_state:
+            st.session_state["groups"] = groups_from_param(st.query_params.get("groups"), groups)
+        else:  # a group may have disappeared with its last document
+            st.session_state["groups"] = [g for g in st.session_state["groups"] if g in groups]
     selected_collection(collections, settings)
 
+    preview = False
     with st.sidebar:
-        for link in NAVIGATION:
+        for link in navigation(settings, user):
             st.page_link(link.path, label=link.title, icon=link.icon)
         st.divider()
-        st.caption("Database")
-        st.code(str(settings.db_path), language=None, wrap_lines=True)
+        if user is None:
+            st.caption("Database")
+            st.code(str(settings.db_path), language=None, wrap_lines=True)
+        elif auth.may(user, "manage_settings"):
+            st.caption(f"Database: `{settings.db_path}`")
         collection = st.selectbox("Collection", collections, key="collection")
-        reader = st.multiselect(
-            "Viewing as",
-            groups,
-            key="groups",
-            help="The groups of the person asking. Documents are visible to readers who share at least "
-            "one group with them; everyone holds 'all'. Switch to show what a given reader can see.",
-        )
+        if user is None:
+            reader = st.multiselect(
+                "Viewing as",
+                groups,
+                key="groups",
+                help="The groups of the person asking. Documents are visible to readers who share at least "
+                "one group with them; everyone holds 'all'. Switch to show what a given reader can see.",
+            )
+        else:
+            ui_auth.write_cookie()
+            reader, preview = ui_auth.sidebar_account(conn, user, groups)
         st.divider()
         st.caption(f"Index health of “{collection}”")
         c1, c2 = st.columns(2)
@@ -241,7 +299,8 @@ def draw_frame(settings: Settings, conn: store.Connection, data: FrameData) -> V
         else:
             st.caption("No collection yet: add documents on the Documents page.")
     stamp = next((c for c in data.collections if c.name == collection), None)
-    return View(settings, conn, collection, names, stamp, list(reader) or [store.PUBLIC_GROUP], groups, health)
+    return View(settings, conn, collection, names, stamp, list(reader) or [store.PUBLIC_GROUP], groups, health, user,
+                preview)
 
 
 def select_collection_next_run(name: str) -> None:
@@ -917,11 +976,12 @@ REPLACE_KEY = "_rag_replace"  # the turn "ask again" replaces (deleted before th
 ASKING_KEY = "_rag_asking"  # set while an answer is written: found on the next run, the run was stopped
 
 
-def open_chat(conn: store.Connection, collection: str) -> str:
-    """The chat shown for ``collection``: the one open in this session, else the last one asked in."""
+def open_chat(conn: store.Connection, collection: str, user_id: int | None = None) -> str:
+    """The chat shown for ``collection``: the one open in this session, else the last one asked in
+    (by ``user_id`` in team mode; None in desktop mode)."""
     chats: dict[str, str] = st.session_state.setdefault(CHATS_KEY, {})
     if collection not in chats:
-        chats[collection] = latest_chat_id(conn, collection) or new_chat_id()
+        chats[collection] = latest_chat_id(conn, collection, user_id) or new_chat_id()
     return chats[collection]
 
 

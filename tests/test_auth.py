@@ -329,7 +329,7 @@ ALLOWED = {  # written out by hand from issue 20, not derived from auth.PERMISSI
     "reader": {"ask", "open_source", "view_chunks"},
     "editor": {"ask", "open_source", "view_chunks", "upload", "ingest"},
     "admin": {"ask", "open_source", "view_chunks", "upload", "ingest", "delete_document", "manage_users",
-              "manage_settings", "run_eval", "view_audit", "view_as"},
+              "manage_collections", "manage_settings", "run_eval", "view_audit", "view_as"},
 }
 
 
