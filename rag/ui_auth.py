@@ -193,7 +193,7 @@ def sidebar_account(conn: store.Connection, user: auth.User, known: Sequence[str
     if st.button("Sign out", key=SIGN_OUT_KEY, icon=":material/logout:"):
         sign_out(conn)
     groups = auth.reader_groups(user, preview) if preview else auth.reader_groups(user)
-    return store.normalize_groups(groups), bool(preview)
+    return store.normalize_groups([*groups, store.PUBLIC_GROUP]), bool(preview)  # "all" spelled out, as shown
 
 
 def _plain(text: str) -> str:
@@ -205,7 +205,7 @@ def refuse_page(user: auth.User | None, action: str) -> None:
     try:
         auth.require(user, action)
     except PermissionDeniedError as e:
-        st.error(_sentence(str(e)))
+        st.error(f"Not allowed: {e}.")
         st.stop()
 
 
