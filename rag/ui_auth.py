@@ -28,7 +28,7 @@ import streamlit as st
 
 from rag import auth, store
 from rag.config import Settings
-from rag.errors import AuthError, PermissionDeniedError
+from rag.errors import AuthError, PermissionDeniedError, RagError
 from rag.records import Answer, Retrieved
 
 COOKIE = "rag_session"
@@ -221,6 +221,7 @@ def audited(
     arrives, or, when the run stops first (the Stop button), with the sources shown until then."""
     shown: list[dict[str, Any]] = []
     answered = False
+    error: RagError | None = None
     try:
         for event in events:
             if isinstance(event, Retrieved):
@@ -230,15 +231,19 @@ def audited(
                 auth.record_question(conn, user, event, groups=groups, collection=collection, preview=preview)
                 answered = True
             yield event
+    except RagError as e:  # shown by the page; recorded here with its message
+        error = e
+        raise
     finally:
         close = getattr(events, "close", None)
         if callable(close):
             close()
-        if not answered:  # stopped, or failed (a RagError the page shows)
-            auth.record(conn, user, "ask_stopped", {
-                "question": question, "collection": collection, "groups": store.normalize_groups(groups),
-                "preview": preview, "shown": shown,
-            })
+        if not answered:  # stopped (the Stop button ends the run inside the stream), or failed
+            detail: dict[str, Any] = {"question": question, "collection": collection, "preview": preview,
+                                      "groups": store.normalize_groups(groups), "shown": shown}
+            if error is not None:
+                detail["error"] = str(error)
+            auth.record(conn, user, "ask_failed" if error is not None else "ask_stopped", detail)
 
 
 def history_frame(rows: Sequence[auth.AuditRow]) -> pd.DataFrame:

@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from rag import auth, store, ui, ui_auth
 from rag.config import load_settings
-from rag.errors import PermissionDeniedError
+from rag.errors import PermissionDeniedError, QueryError
 from rag.ingest import ingest
 
 from .conftest import GUIDE
@@ -359,6 +359,16 @@ def test_a_stopped_question_is_audited_with_what_was_shown(team_db: Path, fake_m
             list(events)
         row = auth.audit_rows(conn, action="ask_stopped")[-1]
         assert row.user == "rui" and row.detail["question"] == "q" and row.detail["shown"] == []
+
+        def failing(question: str, **kwargs: Any) -> Iterator[Any]:
+            raise QueryError("nothing to search for")
+            yield  # a generator, like ask_stream
+
+        with pytest.raises(QueryError):
+            list(ui_auth.audited(failing("???"), conn, user, question="???", groups=["all"], collection="default",
+                                 preview=False))
+        row = auth.audit_rows(conn, action="ask_failed")[-1]
+        assert row.detail["question"] == "???" and row.detail["error"] == "nothing to search for"
     finally:
         conn.close()
 
