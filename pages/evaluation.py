@@ -9,6 +9,7 @@ import time
 import streamlit as st
 
 from rag import evaluate, history, ui
+from rag.ask import collection_policy
 from rag.errors import RagError
 from rag.golden import Golden, load_golden
 from rag.ingest import load_acl
@@ -119,6 +120,28 @@ with ui.frame("run_eval") as view:
         if flipped:
             st.caption(f"{len(flipped)} flip(s) since the previous run.")
         st.dataframe(ui.per_query_frame(report, flipped), hide_index=True)
+
+    # --- the answer-or-refuse decision -------------------------------------------------------------
+
+    st.subheader("Answer or refuse")
+    policy = collection_policy(view.conn, view.collection, settings)
+    if policy is None:
+        st.info("The decision is off (setting `decision`): the distance gate alone decides what reaches the model.")
+    else:
+        fitted = ", ".join(policy.before.fitted_on) or "?"
+        st.caption(
+            f"Past the distance gate, a calibrated model decides whether to call the language model (threshold "
+            f"{policy.before.threshold:.2f}), and whether what it shows is right (threshold "
+            f"{policy.after.threshold:.2f}); else the reply is *not found*. This one is "
+            f"{'bundled with the desk' if policy.source == 'bundled' else 'fitted for ' + policy.source}, on {fitted}. "
+            "Refit it on your own golden set with `rag eval answers --golden G.json --calibrate`."
+        )
+        if policy.report:
+            st.markdown("**Leave-one-corpus-out**: each corpus scored by the decision fitted on the others "
+                        "(without it → with it)")
+            st.dataframe(ui.decision_frame(policy.report), hide_index=True)
+            st.markdown("**Coverage–risk** on each held-out corpus")
+            st.altair_chart(ui.coverage_risk_chart(policy.report), width="stretch")
 
     # --- strategy comparison ----------------------------------------------------------------------
 

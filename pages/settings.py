@@ -33,8 +33,19 @@ with ui.frame("manage_settings") as view:
             help="minilm: English, fast. e5: multilingual (Vietnamese), about 8× slower to ingest. auto: chosen "
             "from the files' language. An existing collection keeps the model it was built with.",
         )
-        llm_path = st.text_input("Language model (a GGUF file; empty = the bundled Gemma-3-270M)",
-                                 value=settings.llm_path, placeholder="/home/me/models/model.gguf")
+        models = [*ui.LLM_CHOICES, "a GGUF file"]
+        current = settings.llm_path or ui.LLM_CHOICES[0]
+        picked = st.radio(
+            "Language model", models, index=models.index(current) if current in models else len(models) - 1,
+            horizontal=True, help=ui.LLM_HELP,
+        )
+        # Always drawn: a widget inside a form cannot appear on a choice made in the same form.
+        gguf = st.text_input("GGUF file (used when “a GGUF file” is chosen)",
+                             value="" if current in models else settings.llm_path,
+                             placeholder="/home/me/models/model.gguf")
+        llm_path = "" if picked == ui.LLM_CHOICES[0] else picked  # "": the default, whichever it is
+        if picked == "a GGUF file":
+            llm_path = gguf.strip()
         st.subheader("Conversation")
         methods = ["rules", "model", "off"]
         rewrite = st.radio(

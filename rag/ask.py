@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rag import gate, store
+from rag import decide, gate, retrieval, store
 from rag.config import Settings, load_settings
 from rag.embedding import Embedder
 from rag.generate import answer_stream, start_generation
@@ -29,12 +29,12 @@ from rag.records import Answer, Hit, Retrieved
 from rag.rerank import Reranker, rerank_hits
 from rag.resources import Resources
 from rag.retrieval import check_query, search
-from rag.text import detect_language
-from rag.verify import extractive
+from rag.text import detect_language, keywords
+from rag.verify import declined, extractive
 
 SearchFn = Callable[..., list[Hit]]  # rag.retrieval.search's signature
 # timings_ms keys, in pipeline order; first_token and first_text count from the question's arrival.
-TIMING_ORDER = ("retrieve", "rerank", "gate", "first_token", "first_text", "generate", "verify", "total")
+TIMING_ORDER = ("retrieve", "rerank", "gate", "first_token", "first_text", "generate", "verdict", "verify", "total")
 
 
 def ask(
@@ -203,6 +203,24 @@ def _ask_stream(
         "stage": "rerank" if reranking else "hybrid",
         "language": language,
     }
+    # --- decide, before the model: would answering from these passages be right?
+    policy = collection_policy(conn, collection, settings)
+    signals: decide.Signals | None = None
+    if kept and policy is not None:
+        signals = decision_signals(conn, question, kept, threshold)
+        p_before = policy.before.probability(decide.retrieval_only(signals))
+        trace["decision"] = {"source": policy.source, "before": round(p_before, 4),
+                             "before_threshold": policy.before.threshold}
+        if p_before < policy.before.threshold:
+            reason = f"decision {p_before:.2f} < {policy.before.threshold:.2f}"
+            dropped = [dataclasses.replace(h, gated_out_reason=reason) for h in kept] + dropped
+            kept = []
+            message = decide.not_found_message(language)
+            timings["total"] = _ms(started)
+            yield Retrieved(hits=[], dropped=dropped, language=language, timings_ms=dict(timings))
+            yield Answer(status="no_answer", question=question, text=message, language=language, message=message,
+                         dropped=dropped, timings_ms=timings, trace=trace)
+            return
     base = Answer(status="no_answer", question=question, text="", language=language, hits=kept, dropped=dropped)
     yield Retrieved(hits=kept, dropped=dropped, language=language, timings_ms=dict(timings))
 
@@ -217,10 +235,10 @@ def _ask_stream(
         quote = extractive(question, kept, embedder=embedder, language=language, why="off")
         timings["verify"] = _ms(clock)
         timings["total"] = _ms(started)
-        yield dataclasses.replace(
+        yield _after_decision(dataclasses.replace(
             base, status=quote.status, text=quote.text, sentences=quote.sentences, citations=quote.citations,
             grounded=quote.grounded, message=quote.message, timings_ms=timings, trace=trace,
-        )
+        ), policy, signals)
         return
 
     # --- generate, releasing verified sentences as they complete
@@ -232,10 +250,68 @@ def _ask_stream(
             continue
         timings.update(item.timings_ms)
         timings["total"] = _ms(started)
-        yield dataclasses.replace(
+        yield _after_decision(dataclasses.replace(
             item, dropped=dropped, timings_ms={key: timings[key] for key in TIMING_ORDER if key in timings},
             trace={**trace, **item.trace},
-        )
+        ), policy, signals)
 
 
-__all__ = ["ask", "ask_stream"]
+def collection_policy(conn: store.Connection, collection: str, settings: Settings) -> decide.Policy | None:
+    """The collection's fitted decision (``rag eval --calibrate``), else the bundled one; None when
+    ``settings.decision`` is "off" (the distance gate alone decides, as before)."""
+    if settings.decision == "off":
+        return None
+    stored = store.get_meta(conn, decide.META_KEY + collection)
+    if stored:
+        try:
+            return decide.Policy.from_json(stored)
+        except (ValueError, KeyError):  # fitted by an older version with other features: use the bundled one
+            pass
+    return decide.bundled_policy()
+
+
+def decision_signals(conn: store.Connection, question: str, kept: Sequence[Hit], threshold: float) -> decide.Signals:
+    """The retrieval signals of ``rag.decide`` for the gate's kept hits (best first)."""
+    idf = retrieval.query_idf(conn, keywords(question))
+    rare = decide.rare_half(idf)
+    return decide.retrieval_signals(
+        [h.distance for h in kept],
+        [retrieval.keyword_coverage(h.content, idf) for h in kept],
+        [retrieval.keyword_coverage(h.content, rare) for h in kept],
+        kept[0].dense_rank, kept[0].sparse_rank, threshold,
+    )
+
+
+def answer_signals(answer: Answer, retrieval_part: decide.Signals) -> decide.Signals:
+    """``retrieval_part`` completed with what the language model did (its refusal, the verified share)."""
+    written = int(answer.trace.get("sentences_written", 0)) if answer.llm_called else 0
+    supported = int(answer.trace.get("sentences_supported", 0)) if answer.llm_called else 0
+    refused = float(answer.llm_called and declined(str(answer.trace.get("raw", ""))))
+    logodds = decide.clip_logodds(answer.trace.get("lm_logodds")) if answer.llm_called else 0.0
+    return dataclasses.replace(retrieval_part, lm_refused=refused, lm_logodds=logodds,
+                               verified=supported / written if written else 0.0)
+
+
+def _after_decision(answer: Answer, policy: decide.Policy | None, signals: decide.Signals | None) -> Answer:
+    """The ``after`` model's verdict on what would be shown (verified model sentences, or a quote):
+    shown when it is confident the answer is right, else *not found* (the passages stay, folded,
+    as the closest). The ``before`` model has already refused most questions the documents do not
+    answer, so a streamed answer is rarely taken back here."""
+    if policy is None or signals is None or answer.status == "no_answer":
+        return answer
+    full = answer_signals(answer, signals)
+    p_after = policy.after.probability(full)
+    trace = {**answer.trace, "decision": {**answer.trace.get("decision", {}), "after": round(p_after, 4),
+                                          "after_threshold": policy.after.threshold}}
+    if p_after >= policy.after.threshold:
+        return dataclasses.replace(answer, trace=trace)
+    reason = f"decision {p_after:.2f} < {policy.after.threshold:.2f}"
+    message = decide.not_found_message(answer.language)
+    return dataclasses.replace(
+        answer, status="no_answer", text=message, message=message, citations=[], sentences=[], grounded=False,
+        hits=[], dropped=[dataclasses.replace(h, gated_out_reason=reason) for h in answer.hits] + answer.dropped,
+        trace=trace,
+    )
+
+
+__all__ = ["answer_signals", "ask", "ask_stream", "collection_policy", "decision_signals"]

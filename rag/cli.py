@@ -7,6 +7,7 @@ and propagates with its traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -257,7 +258,7 @@ def _write_json(value: Any, target: str) -> None:
 
 def cmd_eval(args: argparse.Namespace, resources: Resources) -> int:
     sub = {"compare": cmd_eval_compare, "strategies": cmd_eval_strategies, "history": cmd_eval_history,
-           "answers": cmd_eval_answers}
+           "answers": cmd_eval_answers, "decision": cmd_eval_decision}
     return sub.get(args.eval_command or "run", cmd_eval_run)(args, resources)
 
 
@@ -338,11 +339,13 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.golden:
         raise RagError("rag eval answers needs --golden G.json")
+    if args.calibrate:  # the raw outcomes: what the policy is fitted on
+        settings = dataclasses.replace(settings, decision="off")
     golden = load_golden(args.golden)
     with resources.connection() as conn:
         report = run_answers(
             conn, golden, resources=resources, settings=settings, generate=not args.no_generate,
-            groups_as_golden=args.groups_as_golden, limit=args.limit,
+            groups_as_golden=args.groups_as_golden, limit=args.limit, sample=args.sample,
             on_query=lambda i, n, qid: print(f"\r{i}/{n} {qid}      ", end="", file=sys.stderr, flush=True),
         )
     print(file=sys.stderr)
@@ -350,6 +353,52 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
         Path(args.json).write_text(dump(report) + "\n", encoding="utf-8")
         print(f"wrote {args.json}", file=sys.stderr)
     print(format_figures(report))
+    if args.calibrate:
+        _calibrate_collection(list(report.rows), resources, settings.collection)
+    return 0
+
+
+def _calibrate_collection(rows: list[Any], resources: Resources, collection: str) -> None:
+    """Fit the collection's policy on its own rows plus the rows the bundled policy was fitted on
+    (leave-one-corpus-out needs other corpora), store it, and print the calibration report."""
+    from rag import decide, store
+    from rag.evaluate_answers import bundled_rows, calibrate
+
+    training = [*rows, *(r for r in bundled_rows() if r.corpus not in {row.corpus for row in rows})]
+    policy = calibrate(training, source=collection)
+    conn = resources.connect()
+    with store.transaction(conn):
+        store.set_meta(conn, decide.META_KEY + collection, policy.to_json())
+    print(format_calibration(policy))
+    print(f"collection {collection!r}: answer-or-refuse decision fitted on {', '.join(policy.before.fitted_on)}")
+
+
+def format_calibration(policy: Any) -> str:
+    """The leave-one-corpus-out table of a policy's report."""
+    corpora = policy.report.get("corpora", {})
+    keys = ["answered_model_written", "answered_correct", "quoted", "lost", "bluffs"]
+    rows = [[corpus, str(fig.get("queries"))] + [f"{fig.get('off_' + k)} -> {fig.get(k)}" for k in keys]
+            for corpus, fig in corpora.items()]
+    lines = [f"answer-or-refuse decision, leave-one-corpus-out (max bluff {policy.report.get('max_bluff')}); "
+             "each cell: without the decision -> with it"]
+    return "\n".join(lines + _table(["held-out corpus", "queries", *keys], rows))
+
+
+def cmd_eval_decision(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import decide, store
+    from rag.evaluate_answers import calibrate, load_rows
+
+    rows = [r for path in args.rows for r in load_rows(path)]
+    policy = calibrate(rows, source=args.source, max_bluff=args.max_bluff)
+    print(format_calibration(policy))
+    if args.out:
+        Path(args.out).write_text(policy.to_json() + "\n", encoding="utf-8")
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.store:
+        conn = resources.connect()
+        with store.transaction(conn):
+            store.set_meta(conn, decide.META_KEY + resources.settings.collection, policy.to_json())
+        print(f"collection {resources.settings.collection!r}: decision stored")
     return 0
 
 
@@ -569,7 +618,7 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
                     "rag eval strategies --corpus DIR --golden G.json | rag eval history --db FILE",
     )
     _eval_run_options(p)
-    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history,answers}")
+    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history,answers,decision}")
     _eval_run_options(esub.add_parser("run", help="evaluate a database (the default)"))
     c = esub.add_parser("compare", help="paired comparison of two runs, or of two stages of one run")
     c.add_argument("runs", nargs="+", metavar="RUN.json")
@@ -591,10 +640,22 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     _common(a)
     a.add_argument("--golden", help="golden set JSON")
     a.add_argument("--limit", type=int, help="only the first N queries")
+    a.add_argument("--sample", type=int, help="N queries spread evenly over the set (every kind kept)")
     a.add_argument("--no-generate", action="store_true", help="extractive answers only (no language model)")
     a.add_argument("--groups-as-golden", action=argparse.BooleanOptionalAction, default=True)
     a.add_argument("--llm", dest="llm_path", help="language model: a registered name or a .gguf path")
     a.add_argument("--json", metavar="OUT", help="also write every row and the figures as JSON to OUT")
+    a.add_argument("--calibrate", action="store_true",
+                   help="run with the decision off, then fit the collection's answer-or-refuse decision on "
+                        "these rows and the bundled corpora (leave-one-corpus-out) and store it")
+    d = esub.add_parser("decision", help="fit the answer-or-refuse decision on `rag eval answers --json` rows "
+                                         "(measured with decision = off), leave-one-corpus-out")
+    _common(d)
+    d.add_argument("rows", nargs="+", metavar="ROWS.json")
+    d.add_argument("--out", help="write the fitted policy as JSON (rag/decision_default.json is the bundled one)")
+    d.add_argument("--store", action="store_true", help="store it as the collection's decision")
+    d.add_argument("--source", default="bundled", help="name recorded in the policy (default: bundled)")
+    d.add_argument("--max-bluff", type=float, default=0.10, help="largest out-of-fold bluff rate (default 0.10)")
     h = esub.add_parser("history", help="stored runs, newest first, and the flips of the latest")
     _common(h)
     h.add_argument("--golden-name", help="only runs on this golden set (file stem)")

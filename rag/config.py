@@ -85,6 +85,12 @@ class Settings:
     seed: int = 1337  # fixed sampling seed
     repeat_penalty: float = 1.0  # llama.cpp repetition penalty; 1.0 = off (loops are cut by a guard instead)
     threads: int = 0  # llama.cpp threads; 0 = all cores
+    # "auto" (the model's own: "instruct" rules for a GGUF with a chat template, a worked
+    # "example" for a base model without one) | "instruct" | "example"
+    prompt_style: str = "auto"
+    # Each source is narrowed to the sentences around its best match, at most this many
+    # characters (0 = whole chunks); prefill is most of an answer's time on a CPU.
+    source_chars: int = 400
     # --- conversation (the Ask page) ---
     # How a follow-up ("And which port does it use?") becomes a standalone question to search:
     # "rules" (the previous question's content words appended, ~0.1 ms), "model" (the language
@@ -93,6 +99,12 @@ class Settings:
     # Load the collection's embedder and the language model in the background when the app starts,
     # so the first question does not wait for them (the app's tests turn it off).
     preload_models: bool = True
+    # --- the answer-or-refuse decision (rag.decide): "auto" = the collection's fitted policy
+    # (rag eval --calibrate), else the one bundled with the desk; "off" = the distance gate alone
+    decision: str = "auto"
+    # After an instruct model answers, ask it (one more short turn, prefix cached) whether its
+    # answer gives what the question asks: its yes/no log-odds are a signal of the decision.
+    lm_verdict: bool = True
     # --- verification ---
     support_threshold: float = 0.5  # share of a sentence's content words in 2 adjacent sentences of a cited source
     show_unsupported: bool = False  # show dropped sentences struck through instead of hiding
@@ -149,6 +161,12 @@ def validate(settings: Settings) -> Settings:
         raise RagError(f"dense_mode must be 'exact', 'binary' or 'hamming' (got {settings.dense_mode!r})")
     if settings.rerank not in {"none", "cross-encoder", "llm"}:
         raise RagError(f"rerank must be 'none', 'cross-encoder' or 'llm' (got {settings.rerank!r})")
+    if settings.prompt_style not in {"auto", "instruct", "example"}:
+        raise RagError(f"prompt_style must be 'auto', 'instruct' or 'example' (got {settings.prompt_style!r})")
+    if settings.decision not in {"auto", "off"}:
+        raise RagError(f"decision must be 'auto' or 'off' (got {settings.decision!r})")
+    if settings.source_chars < 0:
+        raise RagError(f"source_chars must be 0 (whole chunks) or more (got {settings.source_chars})")
     if settings.rewrite not in {"rules", "model", "off"}:
         raise RagError(f"rewrite must be 'rules', 'model' or 'off' (got {settings.rewrite!r})")
     if not 0.0 <= settings.fts_min_coverage <= 1.0:
@@ -253,7 +271,9 @@ def write_settings(changes: dict[str, Any], path: Path | None = None) -> Path:
     coerced = {key: _coerce(key, raw, str(path)) for key, raw in current.items() if key in _FIELDS}
     validate(Settings(**coerced))
     llm_path = coerced.get("llm_path", "")
-    if llm_path and not Path(llm_path).expanduser().is_file():
+    # A registered name ("qwen-0.5b", "gemma"; rag.registry checks it when the model loads) or a path.
+    looks_like_path = "/" in llm_path or "\\" in llm_path or llm_path.lower().endswith(".gguf")
+    if llm_path and looks_like_path and not Path(llm_path).expanduser().is_file():
         raise RagError(f"llm_path: no GGUF model file at {llm_path}")
     lines = ["# rag-desk settings (written by the Settings page; see docs/guide/configuration.md)"]
     lines += [f"{key} = {_toml_value(coerced[key])}" for key in _FIELDS if key in coerced]

@@ -26,10 +26,12 @@ predictions: the lowest share of lost answers such that bluffs stay within ``max
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -196,7 +198,9 @@ def _label(example: Example) -> int:
     return int(example.answerable and example.correct)
 
 
-def fit_decision(examples: Sequence[Example], max_bluff: float = 0.10, c: float = 1.0) -> DecisionModel:
+def fit_decision(
+    examples: Sequence[Example], max_bluff: float = 0.10, c: float = 1.0, out_of_fold_sink: list[float] | None = None
+) -> DecisionModel:
     """Fit the logistic model on ``examples``; the threshold and report come from
     leave-one-corpus-out predictions when there are two corpora or more (else from the fit)."""
     from sklearn.linear_model import LogisticRegression
@@ -225,6 +229,8 @@ def fit_decision(examples: Sequence[Example], max_bluff: float = 0.10, c: float 
             out_of_fold[test] = fitted(train).predict_proba((x[test] - mean) / scale)[:, 1]
     else:
         out_of_fold = fitted(np.arange(len(examples))).predict_proba((x - mean) / scale)[:, 1]
+    if out_of_fold_sink is not None:
+        out_of_fold_sink.extend(float(p) for p in out_of_fold)
     threshold = choose_threshold(list(out_of_fold), examples, max_bluff)
     final = fitted(np.arange(len(examples)))
     report = outcome_rates(list(out_of_fold), examples, threshold)
@@ -235,16 +241,146 @@ def fit_decision(examples: Sequence[Example], max_bluff: float = 0.10, c: float 
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# The policy ask() applies: two fitted models, one before the language model runs, one after
+
+
+RETRIEVAL_FEATURES = ("distance", "gap", "coverage", "rare_coverage", "agreement")
+MODES = ("auto", "off")  # settings.decision
+META_KEY = "decision:"  # + collection name: the collection's fitted policy in the meta table
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The answer-or-refuse decision of one collection.
+
+    ``before`` sees only the retrieval signals (the language-model features are 0 when it is
+    fitted and applied) and decides whether the model is called at all, so that no text streams
+    for a question that will be refused. ``after`` sees every signal and decides, when the model
+    wrote no verified sentence, between a quote of the best passage and *not found*.
+    """
+
+    before: DecisionModel
+    after: DecisionModel
+    source: str = ""  # "bundled" or the collection it was fitted for
+    # The calibration report: per corpus, leave-one-corpus-out figures and coverage-risk points
+    # (rag.evaluate_answers.calibration_report); shown on the Evaluation page.
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"before": json.loads(self.before.to_json()), "after": json.loads(self.after.to_json()),
+                           "source": self.source, "report": self.report}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Policy:
+        raw = json.loads(text)
+        before, after = (DecisionModel.from_json(json.dumps(raw[key])) for key in ("before", "after"))
+        return cls(before, after, str(raw.get("source", "")), dict(raw.get("report", {})))
+
+
+def retrieval_only(signals: Signals) -> Signals:
+    """The signals as the ``before`` model sees them: the language model has not run."""
+    return Signals(signals.distance, signals.gap, signals.coverage, signals.rare_coverage, signals.agreement)
+
+
+def fit_policy(
+    examples_before: Sequence[Example],
+    examples_after: Sequence[Example],
+    max_bluff: float = 0.10,
+    source: str = "",
+    joint: Callable[[list[float], list[float]], tuple[float, float]] | None = None,
+) -> Policy:
+    """Fit both models with leave-one-corpus-out thresholds.
+
+    ``examples_before``: one per query, ``correct`` = a kept passage holds the evidence (answering
+    can be right); ``examples_after``: the queries the language model ran on, ``correct`` = the
+    shown answer (verified sentences, or the quote) cites the evidence. ``joint``: given both
+    models' out-of-fold probabilities (in the examples' order), the pair of thresholds to use
+    instead of each model's own (``rag.evaluate_answers`` passes the end-to-end choice).
+    """
+    oof_before: list[float] = []
+    oof_after: list[float] = []
+    before = fit_decision([dataclasses.replace(e, signals=retrieval_only(e.signals)) for e in examples_before],
+                          max_bluff, out_of_fold_sink=oof_before)
+    after = fit_decision(examples_after, max_bluff, out_of_fold_sink=oof_after)
+    if joint is not None:
+        t_before, t_after = joint(oof_before, oof_after)
+        before = dataclasses.replace(before, threshold=t_before)
+        after = dataclasses.replace(after, threshold=t_after)
+    return Policy(before, after, source)
+
+
+def joint_thresholds(
+    p_before: np.ndarray, p_after: np.ndarray, answerable: np.ndarray, right: np.ndarray, max_bluff: float
+) -> tuple[float, float]:
+    """The pair of thresholds with the fewest lost answers whose end-to-end bluff rate stays
+    within ``max_bluff`` (else the fewest bluffs), over every query.
+
+    A query is answered when ``p_before >= t1`` and ``p_after >= t2`` (NaN: never answered, e.g.
+    refused by the gate). ``right``: answering it shows a correct answer. A bluff: a query that
+    must be refused (not ``answerable``) is answered; lost: an answerable query is refused.
+    Choosing the two thresholds together lets the cheap first model stay lenient when the second
+    one, which sees what the language model did, catches the rest.
+    """
+    candidates_b = np.unique(np.concatenate([[0.0], p_before[~np.isnan(p_before)]]))
+    candidates_a = np.unique(np.concatenate([[0.0], p_after[~np.isnan(p_after)]]))
+    pb = np.nan_to_num(p_before, nan=-1.0)
+    pa = np.nan_to_num(p_after, nan=-1.0)
+    negatives = max(1, int((~answerable).sum()))
+    positives = max(1, int(answerable.sum()))
+    best: tuple[float, float, float, float, float] | None = None  # (infeasible, bluff|lost, -right, t1, t2)
+    for t1 in candidates_b:
+        passed = pb >= t1
+        shown = passed[None, :] & (pa[None, :] >= candidates_a[:, None])  # one row per t2
+        bluff = (shown & ~answerable).sum(axis=1) / negatives
+        lost = (~shown & answerable).sum(axis=1) / positives
+        good = (shown & answerable & right).sum(axis=1) / positives
+        for i, t2 in enumerate(candidates_a):
+            feasible = bluff[i] <= max_bluff
+            key = (0.0 if feasible else 1.0, lost[i] if feasible else bluff[i], -good[i], float(t1), float(t2))
+            if best is None or key < best:
+                best = key
+    assert best is not None
+    return best[3], best[4]
+
+
+def bundled_policy() -> Policy | None:
+    """The policy fitted on the project's visible golden sets (``rag/decision_default.json``),
+    used by a collection that has none of its own; None when the file is absent."""
+    from importlib import resources
+
+    path = resources.files("rag").joinpath("decision_default.json")
+    if not path.is_file():
+        return None
+    return Policy.from_json(path.read_text(encoding="utf-8"))
+
+
+NOT_FOUND = {
+    "en": "The documents you can read do not answer this question.",
+    "vi": "Các tài liệu bạn được xem không trả lời câu hỏi này.",
+}
+
+
+def not_found_message(language: str) -> str:
+    return NOT_FOUND.get(language, NOT_FOUND["en"])
+
+
 __all__ = [
     "FEATURES",
+    "MODES",
     "DecisionModel",
     "Example",
+    "Policy",
     "Signals",
+    "bundled_policy",
     "choose_threshold",
     "clip_logodds",
     "coverage_risk_curve",
     "fit_decision",
+    "fit_policy",
+    "not_found_message",
     "outcome_rates",
     "rare_half",
+    "retrieval_only",
     "retrieval_signals",
 ]

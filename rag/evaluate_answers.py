@@ -15,6 +15,7 @@ fitted on these rows with leave-one-corpus-out validation.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Callable, Sequence
@@ -22,13 +23,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rag import ask as ask_module
-from rag import decide, gate, retrieval, store
+from rag import decide, gate, store
 from rag.config import Settings
 from rag.golden import Golden, Query, expand_queries, is_relevant
 from rag.records import Answer, Hit
 from rag.resources import Resources
-from rag.text import keywords
-from rag.verify import declined
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +43,8 @@ class AnswerRow:
     first_text_ms: float | None
     total_ms: float
     signals: dict[str, float] = field(default_factory=dict)  # rag.decide.Signals as a dict (kept hits only)
+    evidence_kept: bool = False  # a kept passage holds the evidence (answerable only)
+    corpus: str = ""  # the golden set's name: the group of leave-one-corpus-out validation
 
     @property
     def refused(self) -> bool:
@@ -111,20 +112,13 @@ def answer_signals(conn: store.Connection, question: str, answer: Answer, thresh
     kept: Sequence[Hit] = answer.hits
     if not kept:
         return {}
-    idf = retrieval.query_idf(conn, keywords(question))
-    rare = decide.rare_half(idf)
-    base = decide.retrieval_signals(
-        [h.distance for h in kept],
-        [retrieval.keyword_coverage(h.content, idf) for h in kept],
-        [retrieval.keyword_coverage(h.content, rare) for h in kept],
-        kept[0].dense_rank, kept[0].sparse_rank, threshold,
-    )
-    raw = str(answer.trace.get("raw", ""))
-    written, supported = written_sentences(answer)
-    verified = supported / written if written else 0.0
-    signals = asdict(base)
-    signals.update(lm_refused=float(answer.llm_called and declined(raw)), verified=verified)
-    return signals
+    return asdict(ask_module.answer_signals(answer, ask_module.decision_signals(conn, question, kept, threshold)))
+
+
+def evidence_kept(answer: Answer, query: Query) -> bool:
+    """A passage the gate kept holds a whole evidence quote: answering from them can be right."""
+    return query.kind == "answerable" and any(is_relevant(h.source, h.content, query.item.evidence)
+                                              for h in answer.hits)
 
 
 def written_sentences(answer: Answer) -> tuple[int, int]:
@@ -155,6 +149,7 @@ def run_answers(
     generate: bool = True,
     groups_as_golden: bool = True,
     limit: int | None = None,
+    sample: int | None = None,
     on_query: Callable[[int, int, str], None] | None = None,
 ) -> AnswerReport:
     """Ask every query of ``golden`` (or the first ``limit``) and score what would be shown."""
@@ -163,6 +158,8 @@ def run_answers(
     embedder = resources.collection_embedder(conn, name)
     threshold = gate.gate_threshold(settings, coll)
     queries = expand_queries(golden.items, groups_as_golden)[:limit]
+    if sample is not None and 0 < sample < len(queries):  # evenly spread, so every kind is kept
+        queries = [queries[i * len(queries) // sample] for i in range(sample)]
     rows = []
     for index, query in enumerate(queries, start=1):
         answer = ask_module.ask(query.text, conn=conn, settings=settings, groups=query.groups, collection=name,
@@ -174,11 +171,171 @@ def run_answers(
             model_sentences=written, supported_sentences=supported,
             first_text_ms=answer.timings_ms.get("first_text"), total_ms=answer.timings_ms.get("total", 0.0),
             signals=answer_signals(conn, query.text, answer, threshold),
+            evidence_kept=evidence_kept(answer, query), corpus=golden.name,
         ))
         if on_query:
             on_query(index, len(queries), query.id)
     model = (settings.llm_path or "bundled") if generate else "none (extractive)"
     return AnswerReport(golden.name, name, model, tuple(rows))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting the answer-or-refuse decision on rows measured with the decision off
+
+
+def fit_rows(rows: Sequence[AnswerRow], max_bluff: float = 0.10, source: str = "") -> decide.Policy:
+    """Fit the policy on ``rows``, its two thresholds chosen together on the end-to-end
+    out-of-fold outcome of every row (the gate's refusals included)."""
+    import numpy as np
+
+    before, after = decision_examples(rows)
+    with_signals = [i for i, r in enumerate(rows) if r.signals]
+    shown = [i for i in with_signals if rows[i].status != "no_answer"]
+
+    def joint(oof_before: list[float], oof_after: list[float]) -> tuple[float, float]:
+        p_before = np.full(len(rows), np.nan)
+        p_after = np.full(len(rows), np.nan)
+        p_before[with_signals] = oof_before
+        p_after[shown] = oof_after
+        answerable = np.array([r.kind == "answerable" for r in rows])
+        right = np.array([r.correct for r in rows])
+        return decide.joint_thresholds(p_before, p_after, answerable, right, max_bluff)
+
+    return decide.fit_policy(before, after, max_bluff, source, joint=joint)
+
+
+def decision_examples(rows: Sequence[AnswerRow]) -> tuple[list[decide.Example], list[decide.Example]]:
+    """The rows as training examples of the policy's two models (rows the gate refused are left
+    out: no model sees them).
+
+    ``before``: every row with signals, right to answer when a kept passage holds the evidence;
+    ``after``: the rows something was shown for, right when the shown answer cites the evidence.
+    """
+    before, after = [], []
+    for r in rows:
+        if not r.signals:
+            continue
+        signals = decide.Signals(**{k: float(r.signals.get(k, 0.0)) for k in decide.FEATURES})
+        answerable = r.kind == "answerable"
+        before.append(decide.Example(signals, answerable, r.evidence_kept, r.corpus))
+        if r.status != "no_answer":
+            after.append(decide.Example(signals, answerable, r.correct, r.corpus))
+    return before, after
+
+
+def apply_policy(row: AnswerRow, policy: decide.Policy | None) -> str:
+    """What ``rag.ask`` would show for a row measured with the decision off: its status, or
+    "no_answer" when either model refuses (a pure replay: no model runs)."""
+    if policy is None or not row.signals or row.status == "no_answer":
+        return row.status
+    signals = decide.Signals(**{k: float(row.signals.get(k, 0.0)) for k in decide.FEATURES})
+    if not policy.before.answers(decide.retrieval_only(signals)):
+        return "no_answer"
+    return row.status if policy.after.answers(signals) else "no_answer"
+
+
+def outcome_figures(rows: Sequence[AnswerRow], statuses: Sequence[str]) -> dict[str, float | int | None]:
+    """Bluffs, lost, model-written and correct shares for ``rows`` shown with ``statuses``."""
+    pairs = list(zip(rows, statuses, strict=True))
+    answerable = [(r, s) for r, s in pairs if r.kind == "answerable"]
+    refusable = [(r, s) for r, s in pairs if r.kind != "answerable"]
+    return {
+        "queries": len(pairs),
+        "answered_model_written": _share(sum(s == "answered" for _, s in answerable), len(answerable)),
+        "answered_correct": _share(sum(s != "no_answer" and r.correct for r, s in answerable), len(answerable)),
+        "quoted": _share(sum(s == "extractive" for _, s in answerable), len(answerable)),
+        "lost": _share(sum(s == "no_answer" for _, s in answerable), len(answerable)),
+        "bluffs": _share(sum(s != "no_answer" for _, s in refusable), len(refusable)),
+    }
+
+
+def loco_report(rows: Sequence[AnswerRow], max_bluff: float = 0.10) -> dict[str, dict[str, float | int | None]]:
+    """Leave-one-corpus-out, end to end: for each corpus, the policy fitted on the OTHER corpora
+    replayed on its rows (the gate's refusals included), next to the figures without a decision."""
+    report: dict[str, dict[str, float | int | None]] = {}
+    for corpus in sorted({r.corpus for r in rows}):
+        held = [r for r in rows if r.corpus == corpus]
+        try:
+            policy: decide.Policy | None = fit_rows([r for r in rows if r.corpus != corpus], max_bluff)
+        except ValueError:  # the other corpora lack a class: nothing to learn from
+            policy = None
+        without = outcome_figures(held, [r.status for r in held])
+        with_policy = outcome_figures(held, [apply_policy(r, policy) for r in held])
+        report[corpus] = {**{f"off_{k}": v for k, v in without.items() if k != "queries"}, **with_policy}
+    return report
+
+
+def _signals(row: AnswerRow) -> decide.Signals:
+    return decide.Signals(**{k: float(row.signals.get(k, 0.0)) for k in decide.FEATURES})
+
+
+def policy_scores(rows: Sequence[AnswerRow], policy: decide.Policy) -> list[float]:
+    """One score per row for the coverage-risk curve: the ``after`` model's probability when the
+    ``before`` model lets the row through, else 0 (the gate's refusals score 0 too)."""
+    scores = []
+    for r in rows:
+        if not r.signals or r.status == "no_answer" or not policy.before.answers(decide.retrieval_only(_signals(r))):
+            scores.append(0.0)
+        else:
+            scores.append(policy.after.probability(_signals(r)))
+    return scores
+
+
+def coverage_risk(rows: Sequence[AnswerRow], scores: Sequence[float]) -> list[dict[str, float]]:
+    """Share of questions answered vs share of the answered that are wrong (an unanswerable one
+    answered, or an answerable one whose shown citations miss the evidence), at every threshold."""
+    points = []
+    for t in sorted({s for s in scores if s > 0}):
+        shown = [r for r, s in zip(rows, scores, strict=True) if s >= t]
+        wrong = sum(r.kind != "answerable" or not r.correct for r in shown)
+        points.append({"threshold": round(t, 4), "coverage": round(len(shown) / len(rows), 4),
+                       "risk": round(wrong / len(shown), 4)})
+    return points
+
+
+def calibration_report(rows: Sequence[AnswerRow], max_bluff: float = 0.10) -> dict[str, Any]:
+    """Per corpus, leave-one-corpus-out: the figures without and with the policy fitted on the
+    other corpora, and that policy's coverage-risk curve on the held-out corpus."""
+    figures = loco_report(rows, max_bluff)
+    curves: dict[str, list[dict[str, float]]] = {}
+    for corpus in figures:
+        held = [r for r in rows if r.corpus == corpus]
+        others = [r for r in rows if r.corpus != corpus]
+        try:
+            curves[corpus] = coverage_risk(held, policy_scores(held, fit_rows(others, max_bluff)))
+        except ValueError:
+            curves[corpus] = []
+    return {"max_bluff": max_bluff, "corpora": figures, "coverage_risk": curves}
+
+
+def calibrate(rows: Sequence[AnswerRow], source: str, max_bluff: float = 0.10) -> decide.Policy:
+    """The policy fitted on every row (thresholds from leave-one-corpus-out predictions), with
+    its calibration report."""
+    policy = fit_rows(rows, max_bluff, source)
+    return dataclasses.replace(policy, report=calibration_report(rows, max_bluff))
+
+
+def bundled_rows() -> list[AnswerRow]:
+    """The rows the bundled policy was fitted on (``rag/decision_rows.json``; [] when absent)."""
+    from importlib import resources
+
+    path = resources.files("rag").joinpath("decision_rows.json")
+    if not path.is_file():
+        return []
+    return _rows_from(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _rows_from(raw: dict[str, Any]) -> list[AnswerRow]:
+    names = set(AnswerRow.__dataclass_fields__)
+    return [AnswerRow(**{"corpus": raw.get("golden", ""), **{k: v for k, v in row.items() if k in names}})
+            for row in raw["rows"]]
+
+
+def load_rows(path: str) -> list[AnswerRow]:
+    """The rows of a ``rag eval answers --json`` file (older files: corpus = the golden name)."""
+    from pathlib import Path
+
+    return _rows_from(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 def format_figures(report: AnswerReport) -> str:
@@ -194,4 +351,7 @@ def dump(report: AnswerReport) -> str:
     return json.dumps(report.to_json(), ensure_ascii=False, indent=1)
 
 
-__all__ = ["AnswerReport", "AnswerRow", "answer_signals", "correct", "dump", "format_figures", "run_answers"]
+__all__ = [
+    "AnswerReport", "AnswerRow", "answer_signals", "apply_policy", "correct", "decision_examples", "dump",
+    "evidence_kept", "format_figures", "load_rows", "loco_report", "outcome_figures", "run_answers",
+]

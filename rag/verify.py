@@ -339,6 +339,12 @@ def judge(draft: Draft, sources: Sequence[Hit], threshold: float, question: str 
             score = len(words & window) / len(words)
             if score > best:
                 best, best_negated, best_window = score, negated, window
+    # A copied "Title — Section" heading (the prompt numbers each source with one) names a topic and
+    # answers nothing; an instruct model given no lead copied headings for 4 of 12 questions.
+    heading = set().union(*(content_words(f"{sources[n - 1].title} {sources[n - 1].section}", toned)
+                            for n in draft.citations))
+    if words <= heading | {"according"}:
+        return Support(False, 0.0, f"copies the heading of {cited}")
     missing_numbers = sorted(w for w in words - everywhere if _is_number(w))
     if missing_numbers:
         return Support(False, best, f"number {', '.join(missing_numbers)} not in {cited}")
@@ -419,10 +425,13 @@ _DECLINES = (
 )
 
 
+_REFUSAL = re.compile(r"\bNOT\s+IN\s+(?:THE\s+)?SOURCES?\b", re.IGNORECASE)  # the instruct prompt's reply
+
+
 def declined(text: str) -> bool:
     """The model said the sources do not contain the answer (English or Vietnamese)."""
     folded = fold(text)
-    return bool(_DECLINES[0].search(text) or _DECLINES[1].search(folded))
+    return bool(_REFUSAL.search(text) or _DECLINES[0].search(text) or _DECLINES[1].search(folded))
 
 
 MIN_EXTRACT_CHARS = 60  # a shorter best sentence (a list item, a label) takes its next sentence too

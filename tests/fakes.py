@@ -66,6 +66,7 @@ class FakeLLM:
     """
 
     model_path = "/models/fake.gguf"
+    prompt_style = "example"  # scripted replies are written for the worked-example prompt
 
     def __init__(
         self,
@@ -86,6 +87,8 @@ class FakeLLM:
         self.lock = threading.Lock()
         self.lock_held_during_call: list[bool] = []
         self.closed = False
+        self.verdict: float | None = None  # log P(yes) - log P(no) of continuation_logprobs; None: no verdict
+        self.verdict_asks = 0
 
     # --- tokenizer
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
@@ -136,6 +139,12 @@ class FakeLLM:
         self.scored.append(prompt)
         single = [c for c in candidates if len(self.tokenize(c)) == 1]
         return {c: self.judge(prompt) if c.strip().lower() == "yes" else 0.0 for c in single}
+
+    def continuation_logprobs(self, tokens: Sequence[int], candidates: Sequence[str]) -> dict[str, float]:
+        self.verdict_asks += 1
+        if self.verdict is None:
+            return {}  # no verdict: the decision reads 0 (unknown)
+        return {"yes": self.verdict, "no": 0.0}
 
     def close(self) -> None:
         self.closed = True

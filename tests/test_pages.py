@@ -958,17 +958,19 @@ def test_source_view_without_a_link_offers_only_the_readers_documents(guide_db: 
 def test_settings_page_saves_a_validated_file(guide_db: Path, data_dir: Path) -> None:
     at = run_page("pages/settings.py")
     at.radio[0].set_value("e5")
-    at.radio[1].set_value("off")
+    at.radio[1].set_value("gemma")
+    at.radio[2].set_value("off")
     at.number_input[0].set_value(0.6)
     at.button(key="FormSubmitter:settings-Save settings").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert "Saved to" in texts(at)
     settings = load_settings()
-    assert (settings.embedder, settings.rewrite, settings.max_distance) == ("e5", "off", 0.6)
+    assert (settings.embedder, settings.llm_path, settings.rewrite, settings.max_distance) == ("e5", "gemma", "off", 0.6)
+    at.radio[1].set_value("a GGUF file")
     at.text_input[0].input("/nowhere/model.gguf")
     at.button(key="FormSubmitter:settings-Save settings").click().run()
     assert "no GGUF model file at /nowhere/model.gguf" in texts(at)
-    assert load_settings().llm_path == ""  # nothing written
+    assert load_settings().llm_path == "gemma"  # nothing written
 
 
 def test_settings_page_applies_the_last_runs_recommended_threshold(guide_db: Path) -> None:

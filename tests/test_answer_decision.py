@@ -1,0 +1,192 @@
+"""The answer layer of wave 2: the instruct prompt, focused sources, the model's verdict, and the
+answer-or-refuse policy applied by ``ask`` (before the model runs and after it wrote)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from rag import decide, store
+from rag.ask import ask
+from rag.config import Settings
+from rag.evaluate_answers import AnswerRow, apply_policy, decision_examples, loco_report, outcome_figures
+from rag.generate import build_messages, focus, lm_verdict, prompt_style, start_generation
+from rag.ingest import ingest
+from rag.records import Hit
+from rag.verify import declined, draft_answer, judge
+
+from .fakes import FailingLLM, FakeEmbedder, FakeLLM
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+GARAGE = "The garage closes at 7 pm on weekdays. It is closed on public holidays."
+
+
+def hit(n: int, content: str, title: str = "Parking", section: str = "Parking > Garage") -> Hit:
+    return Hit(chunk_id=n, document_id=n, source=f"doc{n}.md", title=title, section=section, content=content,
+               char_from=0, char_to=len(content), page=None, distance=0.2, dense_rank=n, sparse_rank=n)
+
+
+def instruct_llm(*replies: str) -> FakeLLM:
+    llm = FakeLLM(*replies, metadata={"tokenizer.chat_template": CHATML})
+    llm.prompt_style = "instruct"
+    return llm
+
+
+# --- prompt
+
+
+def test_prompt_style_follows_the_model_unless_the_setting_names_one() -> None:
+    assert prompt_style(instruct_llm(), Settings()) == "instruct"
+    assert prompt_style(FakeLLM(), Settings()) == "example"
+    assert prompt_style(instruct_llm(), Settings(prompt_style="example")) == "example"
+
+
+def test_the_instruct_prompt_has_rules_and_no_worked_example() -> None:
+    messages, lead = build_messages("When does the garage close?", [hit(1, GARAGE)], "en", style="instruct")
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "square brackets" in messages[0]["content"] and "English" in messages[0]["content"]
+    assert "[1] Parking — Garage" in messages[1]["content"] and "When does the garage close?" in messages[1]["content"]
+    example, _ = build_messages("When does the garage close?", [hit(1, GARAGE)], "en", style="example")
+    assert len(example) == 3  # the worked example's two turns, then the question
+    # The system turn is the same for every question of a language: a cached prefix.
+    other, _ = build_messages("Who signs visitors in?", [hit(2, "Visitors sign in at the desk.")], "en",
+                              style="instruct")
+    assert other[0] == messages[0]
+    generation = start_generation(instruct_llm(), "When does the garage close?", [hit(1, GARAGE)],
+                                  settings=Settings())
+    assert generation.style == "instruct" and generation.lead == lead
+    assert "<|im_start|>system" in generation.prompt.text and "garage closes at 7 pm" not in lead
+
+
+def test_focus_keeps_the_best_sentence_and_its_neighbours_within_the_budget() -> None:
+    filler = " ".join(f"Sentence {i} is about the weather today." for i in range(20))
+    content = f"{filler} The garage closes at 7 pm on weekdays. It is closed on public holidays. {filler}"
+    narrowed = focus(content, "When does the garage close?", 200)
+    assert "The garage closes at 7 pm on weekdays." in narrowed
+    assert len(narrowed) <= 200 + 4  # the two ellipses
+    assert narrowed.startswith("… ") and narrowed.endswith(" …")
+    assert focus(GARAGE, "When does the garage close?", 400) == GARAGE  # short: unchanged
+    vietnamese = filler + " Hầm xe đóng cửa lúc 7 giờ tối. " + filler
+    assert "Hầm xe đóng cửa" in focus(vietnamese, "ham xe dong cua luc may gio", 150)  # toneless question
+
+
+# --- verification
+
+
+def test_the_refusal_reply_is_a_decline_and_a_copied_heading_is_not_an_answer() -> None:
+    assert declined("NOT IN SOURCES") and declined("Not in the sources.")
+    source = hit(1, GARAGE, title="Asking questions", section="Asking questions > The distance gate")
+    draft = draft_answer("[1] Asking questions — The distance gate.", 1)[0][0]
+    verdict = judge(draft, [source], 0.5, "How much does a licence cost?")
+    assert not verdict.supported and "heading" in verdict.reason
+    real = draft_answer("According to [1], the garage closes at 7 pm on weekdays.", 1)[0][0]
+    assert judge(real, [hit(1, GARAGE)], 0.5, "When does the garage close?").supported
+
+
+def test_the_verdict_is_the_log_odds_of_yes_asked_after_the_answer() -> None:
+    llm = instruct_llm("1], the garage closes at 7 pm on weekdays.")
+    llm.verdict = 2.5
+    generation = start_generation(llm, "When does the garage close?", [hit(1, GARAGE)], settings=Settings())
+    generation.text = generation.lead + "1], the garage closes at 7 pm on weekdays."
+    assert lm_verdict(llm, generation) == pytest.approx(2.5)
+    base = FakeLLM()
+    assert lm_verdict(base, start_generation(base, "When?", [hit(1, GARAGE)], settings=Settings())) is None
+
+
+# --- the policy inside ask
+
+
+PAGES = {"parking.md": "# Parking\n\n## Garage\n\n" + GARAGE + "\n",
+         "office.md": "# Office\n\n## Access\n\nThe office opens at 8 am. Visitors must sign in at the front desk.\n"}
+
+
+@pytest.fixture
+def indexed(
+    conn: store.Connection, settings: Settings, tmp_path: Path, fake_embedder: FakeEmbedder
+) -> store.Connection:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name, text in PAGES.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    ingest(conn, [folder], settings=settings, embedder=fake_embedder)
+    return conn
+
+
+def constant_model(p: float, threshold: float = 0.5) -> decide.DecisionModel:
+    """A model that says ``p`` whatever the signals (weights 0, intercept logit(p))."""
+    import math
+
+    n = len(decide.FEATURES)
+    return decide.DecisionModel((0.0,) * n, math.log(p / (1 - p)), (0.0,) * n, (1.0,) * n, threshold)
+
+
+def store_policy(conn: store.Connection, settings: Settings, before: float, after: float) -> None:
+    policy = decide.Policy(constant_model(before), constant_model(after), source="test")
+    store.set_meta(conn, decide.META_KEY + settings.collection, policy.to_json())
+
+
+def ask_here(conn: store.Connection, settings: Settings, llm: FakeLLM, question: str = "When does the garage close?"):
+    return ask(question, conn=conn, settings=settings, embedder=FakeEmbedder(), llm=llm)
+
+
+def test_the_before_model_refuses_without_calling_the_language_model(indexed, settings) -> None:
+    store_policy(indexed, settings, before=0.2, after=0.9)
+    answer = ask_here(indexed, settings, FailingLLM())
+    assert answer.status == "no_answer" and not answer.llm_called
+    assert answer.text == decide.not_found_message("en")
+    assert answer.dropped and all(h.gated_out_reason.startswith("decision") for h in answer.dropped[:1])
+    assert answer.trace["decision"]["before"] == pytest.approx(0.2)
+
+
+def test_the_after_model_turns_an_unconfident_quote_into_not_found(indexed, settings) -> None:
+    store_policy(indexed, settings, before=0.9, after=0.2)
+    answer = ask_here(indexed, settings, FakeLLM("1], the weather is fine today."))  # unsupported: a quote
+    assert answer.status == "no_answer" and answer.llm_called and answer.citations == []
+    assert any((h.gated_out_reason or "").startswith("decision") for h in answer.dropped)
+    confident = dataclasses.replace(settings)
+    store_policy(indexed, confident, before=0.9, after=0.9)
+    quoted = ask_here(indexed, confident, FakeLLM("1], the weather is fine today."))
+    assert quoted.status == "extractive" and quoted.citations
+
+
+def test_decision_off_leaves_the_gate_alone_in_charge(indexed, settings) -> None:
+    store_policy(indexed, settings, before=0.01, after=0.01)
+    answer = ask_here(indexed, dataclasses.replace(settings, decision="off"),
+                      FakeLLM("1], the garage closes at 7 pm on weekdays. It is closed on public holidays [1]."))
+    assert answer.status == "answered" and "decision" not in answer.trace
+
+
+# --- fitting and replaying on measured rows
+
+
+def row(i: int, kind: str, status: str, correct: bool, distance: float, corpus: str) -> AnswerRow:
+    signals = {"distance": distance, "gap": 0.1, "coverage": 1.0 - distance, "rare_coverage": 1.0 - distance,
+               "agreement": 1.0, "lm_refused": 0.0, "lm_logodds": 0.0, "verified": 1.0 if status == "answered" else 0}
+    return AnswerRow(id=f"{corpus}{i}", kind=kind, status=status, correct=correct, model_sentences=1,
+                     supported_sentences=int(status == "answered"), first_text_ms=None, total_ms=1.0,
+                     signals=signals, evidence_kept=correct, corpus=corpus)
+
+
+def rows_of(corpus: str) -> list[AnswerRow]:
+    good = [row(i, "answerable", "answered", True, 0.2 + i / 100, corpus) for i in range(10)]
+    bad = [row(10 + i, "unanswerable", "extractive", False, 0.8 + i / 100, corpus) for i in range(10)]
+    return good + bad
+
+
+def test_replaying_a_policy_refuses_what_the_signals_separate_and_loco_reports_it() -> None:
+    rows = rows_of("a") + rows_of("b") + rows_of("c")
+    before, after = decision_examples(rows)
+    assert len(before) == len(after) == 60
+    policy = decide.fit_policy(before, after)
+    statuses = [apply_policy(r, policy) for r in rows]
+    figures = outcome_figures(rows, statuses)
+    assert figures["bluffs"] == 0.0 and figures["lost"] == 0.0
+    assert outcome_figures(rows, [r.status for r in rows])["bluffs"] == 1.0  # without it: every one a bluff
+    report = loco_report(rows)
+    assert set(report) == {"a", "b", "c"}
+    assert all(fig["bluffs"] == 0.0 and fig["off_bluffs"] == 1.0 for fig in report.values())
+    restored = decide.Policy.from_json(policy.to_json())
+    assert [apply_policy(r, restored) for r in rows] == statuses
