@@ -269,7 +269,7 @@ BUNDLED: tuple[ModelInfo, ...] = (
     ModelInfo("rag-desk/llm-yes-no", RERANKER, _llm_reranker, aliases=("llm",),
               name="LLM yes/no log-odds over the generation model"),
 )
-DEFAULTS: dict[Kind, str] = {EMBEDDER: MINILM_INT8_ID, LANGUAGE_MODEL: GEMMA_ID, RERANKER: "rag-desk/no-rerank"}
+DEFAULTS: dict[Kind, str] = {EMBEDDER: MINILM_INT8_ID, LANGUAGE_MODEL: QWEN_05B_ID, RERANKER: "rag-desk/no-rerank"}
 PATH_HINTS: dict[Kind, str] = {
     EMBEDDER: "the path of a sentence-transformers directory",
     LANGUAGE_MODEL: "the path of a .gguf file",
@@ -465,7 +465,7 @@ def load_embedder(name: str = "", threads: int = 0, cache_dir: Path | None = Non
 
 
 def load_language_model(name: str = "", *, n_ctx: int = 4096, threads: int = 0, seed: int = 1337) -> Any:
-    """Build the language model named by an id, alias or ``.gguf`` path ("" = the bundled Gemma):
+    """Build the language model named by an id, alias or ``.gguf`` path ("" = the default, Qwen2.5-Coder-0.5B):
     a ``rag.llm.LanguageModel``."""
     return resolve(LANGUAGE_MODEL, name).factory(n_ctx=n_ctx, threads=threads, seed=seed)
 

@@ -123,6 +123,11 @@ def constant_model(p: float, threshold: float = 0.5) -> decide.DecisionModel:
     return decide.DecisionModel((0.0,) * n, math.log(p / (1 - p)), (0.0,) * n, (1.0,) * n, threshold)
 
 
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.replace(decision="auto")  # conftest's is off
+
+
 def store_policy(conn: store.Connection, settings: Settings, before: float, after: float) -> None:
     policy = decide.Policy(constant_model(before), constant_model(after), source="test")
     store.set_meta(conn, decide.META_KEY + settings.collection, policy.to_json())
@@ -190,3 +195,19 @@ def test_replaying_a_policy_refuses_what_the_signals_separate_and_loco_reports_i
     assert all(fig["bluffs"] == 0.0 and fig["off_bluffs"] == 1.0 for fig in report.values())
     restored = decide.Policy.from_json(policy.to_json())
     assert [apply_policy(r, restored) for r in rows] == statuses
+
+
+def test_the_bundled_policy_is_the_default_and_carries_its_report(
+    indexed: store.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag.config import load_settings
+
+    monkeypatch.delenv("RAG_DECISION")
+    assert load_settings().decision == "auto"
+    policy = decide.bundled_policy()
+    assert policy is not None and policy.source == "bundled"
+    assert len(policy.before.fitted_on) >= 2  # leave-one-corpus-out needs two corpora or more
+    assert set(policy.report["corpora"]) == set(policy.before.fitted_on)
+    answer = ask_here(indexed, settings, FakeLLM("1], the garage closes at 7 pm on weekdays [1]."))
+    assert answer.trace["decision"]["source"] == "bundled"
+    assert answer.status in {"answered", "no_answer"}  # whichever, the policy decided it

@@ -44,6 +44,7 @@ def test_an_invalid_change_writes_nothing(data_dir: Path, changes: dict[str, obj
 
 
 def test_environment_overrides_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAG_DECISION")  # conftest's
     assert env_overrides() == []
     monkeypatch.setenv("RAG_MAX_DISTANCE", "0.5")
     assert env_overrides() == ["max_distance"]

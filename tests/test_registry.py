@@ -86,7 +86,7 @@ def test_embedders_resolve_by_id_and_alias(name: str, model_id: str) -> None:
 
 
 def test_language_models_and_rerankers_resolve_by_their_settings_names() -> None:
-    assert registry.resolve(LANGUAGE_MODEL, "").id == registry.GEMMA_ID  # settings.llm_path "" = bundled
+    assert registry.resolve(LANGUAGE_MODEL, "").id == registry.QWEN_05B_ID  # settings.llm_path "" = the default
     assert registry.resolve(LANGUAGE_MODEL, "gemma") is registry.resolve(LANGUAGE_MODEL, registry.GEMMA_ID)
     from rag.rerank import RERANKERS
 

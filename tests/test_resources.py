@@ -43,7 +43,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         return made[-1]
 
     fake = [ModelInfo(MINILM_INT8_ID, EMBEDDER, embedder_factory, aliases=("minilm",)),
-            ModelInfo(registry.GEMMA_ID, LANGUAGE_MODEL, lm_factory, aliases=("gemma",)),
+            ModelInfo(registry.QWEN_05B_ID, LANGUAGE_MODEL, lm_factory, aliases=("qwen-0.5b",)),
             *(info for info in registry.BUNDLED if info.kind == registry.RERANKER)]
     monkeypatch.setattr(registry, "REGISTRY", Registry(fake))
     return made
@@ -74,7 +74,7 @@ def test_models_load_once_by_name_and_by_id(built: list[Any], settings: Settings
     assert resources.embedder("minilm") is first and resources.embedder(MINILM_INT8_ID) is first
     assert resources.has_model(MINILM_INT8_ID) and not resources.has_model("e5")
     assert built == [first]
-    assert resources.language_model() is resources.language_model("gemma") is built[1]  # llm_path "" = default
+    assert resources.language_model() is resources.language_model("qwen-0.5b") is built[1]  # llm_path "" = default
 
 
 def test_close_closes_the_models_and_empties_the_caches(built: list[Any], settings: Settings) -> None:
