@@ -965,7 +965,8 @@ def test_settings_page_saves_a_validated_file(guide_db: Path, data_dir: Path) ->
     assert not at.exception, [e.value for e in at.exception]
     assert "Saved to" in texts(at)
     settings = load_settings()
-    assert (settings.embedder, settings.llm_path, settings.rewrite, settings.max_distance) == ("e5", "gemma", "off", 0.6)
+    chosen = (settings.embedder, settings.llm_path, settings.rewrite, settings.max_distance)
+    assert chosen == ("e5", "gemma", "off", 0.6)
     at.radio[1].set_value("a GGUF file")
     at.text_input[0].input("/nowhere/model.gguf")
     at.button(key="FormSubmitter:settings-Save settings").click().run()
