@@ -114,6 +114,41 @@ def test_fuse_rrf_other_k_and_empty() -> None:
         fuse_rrf([[1]], k=-1)
 
 
+def test_weighted_rrf_by_hand() -> None:
+    scores = fuse_rrf([[1, 2], [2, 3]], weights=[0.4, 1.6])
+    assert scores[1] == pytest.approx(0.4 / 61)
+    assert scores[2] == pytest.approx(0.4 / 62 + 1.6 / 61)
+    assert scores[3] == pytest.approx(1.6 / 62)
+    assert fuse_rrf([[1, 2], [2, 3]], weights=[1.0, 1.0]) == fuse_rrf([[1, 2], [2, 3]])
+    with pytest.raises(ValueError):
+        fuse_rrf([[1]], weights=[1.0, 1.0])
+
+
+def test_branch_weights_favour_keywords_only_for_toneless_vietnamese() -> None:
+    assert retrieval.branch_weights("How do I start the app on another port?", 0.2) == (1.0, 1.0)
+    assert retrieval.branch_weights("Làm sao để chạy ứng dụng trên cổng khác?", 0.2) == (1.0, 1.0)
+    assert retrieval.branch_weights("lam sao de chay ung dung tren cong khac", 0.2) == pytest.approx((0.4, 1.6))
+    assert retrieval.branch_weights("lam sao de chay ung dung tren cong khac", 0.5) == (1.0, 1.0)
+
+
+def test_a_toneless_question_follows_the_keyword_branch(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    question = "loi vpn 403 xu ly sao"
+    plain = search(corpus, question, embedder=fake_embedder, settings=settings.replace(toneless_dense_share=0.5))
+    keyword_led = search(corpus, question, embedder=fake_embedder, settings=settings)
+    only_fts = search(corpus, question, embedder=fake_embedder, settings=settings.replace(toneless_dense_share=0.0))
+    ranks = [h.sparse_rank for h in only_fts]  # share 0: the keyword order, dense-only hits after it
+    assert ranks[0] == 1 and [r for r in ranks if r] == sorted(r for r in ranks if r)
+    assert all(r is None for r in ranks[len([r for r in ranks if r]):])
+    fused = {h.chunk_id: h.rrf_score for h in keyword_led}
+    for h in keyword_led:  # the weights are the ones branch_weights gives: 0.4 dense, 1.6 keywords
+        expected = (0.4 / (60 + h.dense_rank) if h.dense_rank else 0) + (
+            1.6 / (60 + h.sparse_rank) if h.sparse_rank else 0)
+        assert fused[h.chunk_id] == pytest.approx(expected)
+    assert {h.chunk_id for h in plain} == {h.chunk_id for h in keyword_led}
+
+
 def test_seed_001_example_rank_12_jumps_to_2() -> None:
     """Seed 001: the only chunk with the exact code sits at dense rank 12 and sparse rank 1."""
     dense = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 999]
@@ -847,6 +882,7 @@ def test_a_needle_in_a_long_chunk_rises_through_its_window(
 def test_window_vectors_go_with_their_chunks(
     conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
 ) -> None:
+    settings = settings.replace(window_chars=200)  # the page's ~480 characters make several windows
     ingest(conn, [write_corpus(tmp_path / "docs", {"office.md": LONG_PAGE})], settings=settings,
            embedder=fake_embedder)
     owners = {r[0] for r in conn.execute("SELECT chunk_id FROM window_vectors")}
