@@ -115,6 +115,10 @@ with ui.frame("run_eval") as view:
             st.markdown(f"**Gate sweep** on the {gate.stage} stage, up to {gate.max_sources} sources")
             st.altair_chart(ui.gate_chart(report), width="stretch")
 
+        st.markdown("**By query kind** — the answerable queries asked as the question or as a paraphrase, and "
+                    "written in Vietnamese with tones, without tones, or in English")
+        st.dataframe(ui.breakdown_frame(report), hide_index=True)
+
         st.markdown("**Every query** — first relevant rank per stage (None = not retrieved), gate outcome at the "
                     "current threshold, and R@8 flips since the previous run on the same golden set")
         if flipped:
@@ -183,6 +187,15 @@ with ui.frame("run_eval") as view:
             st.dataframe([t.to_json() for t in result.sign_tests], hide_index=True)
 
     # --- history ----------------------------------------------------------------------------------
+
+    try:
+        every_run = history.list_runs(view.conn)
+    except RagError as e:
+        ui.stop_on(e)
+    if every_run:
+        st.subheader("Per corpus")
+        st.caption("The newest run of each golden set on each collection of this database.")
+        st.dataframe(ui.latest_runs_frame(every_run), hide_index=True)
 
     if runs:
         st.subheader("Run history")

@@ -106,6 +106,34 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def sentence_windows(content: str, size: int) -> list[tuple[int, int]]:
+    """Spans of whole consecutive sentences of ``content``, each at most ``size`` characters (a longer
+    sentence stands alone), for the window vectors of issue 16: a short needle inside a long chunk
+    gets a vector of its own neighbourhood instead of being diluted by the whole chunk.
+
+    A chunk that fits in one window gets none (its own vector already is that window), and so does
+    ``size`` 0.
+    """
+    if size <= 0:
+        return []
+    windows: list[tuple[int, int]] = []
+    for start, end in split_sentences(content):
+        if windows and end - windows[-1][0] <= size:
+            windows[-1] = (windows[-1][0], end)
+        else:
+            windows.append((start, end))
+    return windows if len(windows) > 1 else []
+
+
+def window_text(chunk: Chunk, span: tuple[int, int]) -> str:
+    """What a window embeds: the chunk's contextual header (its ``text`` before the content) and the
+    window's sentences, as the chunk's own ``text`` is header + content."""
+    at = chunk.text.rfind(chunk.content) if chunk.content else -1
+    header = chunk.text[:at].strip() if at > 0 else ""
+    body = chunk.content[span[0] : span[1]]
+    return f"{header}\n{body}" if header else body
+
+
 def _ends_sentence(text: str, start: int, end: int) -> bool:
     size = len(text)
     if end < size and not text[end].isspace():

@@ -488,6 +488,18 @@ def _stage_lines(report: EvalReport) -> list[str]:
     return lines
 
 
+def _breakdown_lines(report: EvalReport) -> list[str]:
+    """Hit rate@k and MRR per query kind (question / paraphrase; toned / toneless / English) and stage."""
+    from rag.evaluate import breakdown
+
+    ks, stages = report.config.ks, report.config.stages
+    shown_k = ks[1] if len(ks) > 1 else ks[0]  # R@4 with the default cut-offs
+    header = ["by", "kind", "n", *[f"{s} R@{shown_k}" for s in stages], *[f"{s} MRR@{max(ks)}" for s in stages]]
+    rows = [[g.by, g.group, g.n, *[f"{g.hit_rate[s][shown_k].value:.3f}" for s in stages],
+             *[f"{g.mrr[s][max(ks)]:.3f}" for s in stages]] for g in breakdown(report)]
+    return ["answerable queries by kind", *_table(header, rows, right=range(2, len(header)))]
+
+
 def _gate_lines(gate: GateSweep) -> list[str]:
     """The gate sweep table and the recommended-against-current line."""
     lines = [
@@ -542,6 +554,8 @@ def format_report(report: EvalReport, per_query: bool = True) -> str:
         + (f", commit {config.git_commit[:10]}" if config.git_commit else ""),
         "",
         *_stage_lines(report),
+        "",
+        *_breakdown_lines(report),
         "",
         *_gate_lines(report.gate),
     ]

@@ -66,6 +66,18 @@ class Settings:
     # (rag.retrieval.necessary_keywords). rag bench at 100k chunks: hybrid p50 49.5 -> 16.1 ms, p95
     # 120 -> 28 ms; golden hybrid R@4/8/20 unchanged on the handbook, guide and Vietnamese sets.
     fts_necessary_only: bool = True
+    # The dense branch's share of the RRF weight for questions in Vietnamese typed without tones
+    # (rag.retrieval.branch_weights; 0.5 = plain RRF, 0 = keywords only). Chosen on golden_vi and the
+    # guide (README "Quality"): flat from 0.1 to 0.3 there, 0.2 taken.
+    toneless_dense_share: float = 0.2
+    # Window vectors (issue 16): a chunk longer than window_chars characters also gets one vector per
+    # window of whole sentences (header + at most window_chars characters; 0: none, the pipeline as
+    # before). The dense branch rescores its candidates: a chunk's cosine similarity s becomes
+    # s + window_weight * max(0, best window similarity - s); the gate still reads the chunk's own
+    # distance. Chosen on the visible golden sets (handbook, guide, golden_vi; README "Quality"),
+    # checked on the held-out ones (eval/): 500 characters, weight 0.5.
+    window_chars: int = 500
+    window_weight: float = 0.5
     # "none" | "cross-encoder" | "llm". Off by default, by measurement (rag eval --stages hybrid,rerank,
     # handbook golden set, 56 answerable queries): the LLM reranker over the bundled Gemma-3-270M took
     # R@1/4/8 from 0.607/0.893/0.946 to 0.071/0.179/0.375 (R@4 +2/-42, sign test p = 1e-10) at ~12 s
@@ -173,6 +185,12 @@ def validate(settings: Settings) -> Settings:
         raise RagError(f"rewrite must be 'rules', 'model' or 'off' (got {settings.rewrite!r})")
     if not 0.0 <= settings.fts_min_coverage <= 1.0:
         raise RagError(f"fts_min_coverage must lie in [0, 1] (got {settings.fts_min_coverage})")
+    if not 0.0 <= settings.toneless_dense_share <= 1.0:
+        raise RagError(f"toneless_dense_share must lie in [0, 1] (got {settings.toneless_dense_share})")
+    if settings.window_chars < 0:
+        raise RagError(f"window_chars must be 0 (no window vectors) or more (got {settings.window_chars})")
+    if not 0.0 <= settings.window_weight <= 1.0:
+        raise RagError(f"window_weight must lie in [0, 1] (got {settings.window_weight})")
     if not 0.0 <= settings.max_distance <= 2.0:
         raise RagError(f"max_distance must lie in [0, 2] (got {settings.max_distance})")
     for name in ("candidates", "top_k", "max_sources", "rrf_k", "n_ctx", "max_tokens", "embed_batch",

@@ -52,6 +52,7 @@ from rag.metrics import (
     wilson_interval,
 )
 from rag.records import Collection, Hit
+from rag.text import QUERY_LANGUAGES, query_language
 
 STAGES: tuple[str, ...] = tuple(retrieval.STAGES)
 DEFAULT_KS = (1, 4, 8, 20)
@@ -328,6 +329,60 @@ class QueryResult:
         )
 
 
+BREAKDOWNS = ("wording", "language")  # how the answerable queries are split in ``breakdown``
+WORDINGS = ("question", "paraphrase")
+
+
+def query_wording(wording: str) -> str:
+    """"question" or "paraphrase" (``Query.wording`` numbers the paraphrases: "paraphrase 1")."""
+    return "question" if wording == "question" else "paraphrase"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """The answerable queries of one kind (a wording, or the language they are written in), per stage."""
+
+    by: str  # "wording" | "language"
+    group: str  # "question" | "paraphrase"; "vi" | "vi-toneless" | "en" (rag.text.query_language)
+    n: int  # answerable queries in the group
+    hit_rate: dict[str, dict[int, HitRate]]  # stage -> k -> hit rate@k (JSON "recall@k")
+    mrr: dict[str, dict[int, float]]  # stage -> k -> MRR@k
+
+    def to_json(self) -> dict[str, Any]:
+        return {"by": self.by, "group": self.group, "n": self.n,
+                "stages": {s: {**_hit_rates_json(rates), **{f"mrr@{k}": v for k, v in self.mrr[s].items()}}
+                           for s, rates in self.hit_rate.items()}}
+
+
+def query_groups(query: QueryResult) -> dict[str, str]:
+    """The group of ``query`` under each breakdown."""
+    return {"wording": query_wording(query.wording), "language": query_language(query.query)}
+
+
+def breakdown(report: EvalReport) -> tuple[GroupResult, ...]:
+    """Hit rate@k and MRR@k of every stage per query kind: question vs paraphrase, and toned
+    Vietnamese vs toneless vs English. Computed from ``per_query``, so any stored run has it; a
+    group with no query is left out."""
+    answerable = [q for q in report.per_query if q.kind == "answerable"]
+    order = {"wording": WORDINGS, "language": QUERY_LANGUAGES}
+    out = []
+    for by in BREAKDOWNS:
+        groups: dict[str, list[QueryResult]] = {}
+        for q in answerable:
+            groups.setdefault(query_groups(q)[by], []).append(q)
+        for group in order[by]:
+            members = groups.get(group, [])
+            if not members:
+                continue
+            ranks = {s: [q.ranks.get(s) for q in members] for s in report.stages}
+            out.append(GroupResult(
+                by=by, group=group, n=len(members),
+                hit_rate={s: {k: HitRate.of(r, k) for k in report.config.ks} for s, r in ranks.items()},
+                mrr={s: {k: _r(mrr_at_k(r, k)) for k in report.config.ks} for s, r in ranks.items()},
+            ))
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class EvalReport:
     """A whole evaluation run; ``to_json()`` is the file ``rag eval --json`` writes."""
@@ -342,7 +397,9 @@ class EvalReport:
     version: int = REPORT_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.summary_json(), "per_query": [q.to_json() for q in self.per_query]}
+        """The report; ``breakdown`` is derived from ``per_query`` (``from_json`` does not read it)."""
+        return {**self.summary_json(), "breakdown": [g.to_json() for g in breakdown(self)],
+                "per_query": [q.to_json() for q in self.per_query]}
 
     def summary_json(self) -> dict[str, Any]:
         """The report without ``per_query`` (what ``eval_runs.summary`` stores)."""

@@ -83,9 +83,11 @@ def chunk_budget(settings: Settings, embedder: Embedder) -> int:
     return settings.chunk_tokens or chunking.default_budget(embedder.max_tokens)
 
 
-def pipeline_version(strategy: str, budget: int) -> str:
-    """Everything after extraction that changes the stored chunks or their FTS text."""
-    return f"chunker{chunking.CHUNKER_VERSION}/{strategy}/b{budget}/fold{FOLD_VERSION}"
+def pipeline_version(strategy: str, budget: int, windows: int = 0) -> str:
+    """Everything after extraction that changes the stored chunks, their FTS text or their vectors
+    (``windows``: ``settings.window_chars``; a document indexed without window vectors is stale)."""
+    return f"chunker{chunking.CHUNKER_VERSION}/{strategy}/b{budget}/fold{FOLD_VERSION}" + (
+        f"/w{windows}" if windows else "")
 
 
 def is_stale(row: Any, current_pipeline: str) -> bool:
@@ -317,21 +319,46 @@ def check_ingest_root(raw: str, settings: Settings) -> Path:
 
 
 def prepare_chunks(
-    doc: Extracted, strategy: str, budget: int, embedder: Embedder, batch: int = 32
+    doc: Extracted, strategy: str, budget: int, embedder: Embedder, batch: int = 32, window_chars: int = 0
 ) -> tuple[list[store.StoredChunk], float]:
-    """Chunk and embed one extracted document; returns the rows to store and embedding seconds."""
+    """Chunk and embed one extracted document (and, with ``window_chars``, the sentence windows of
+    its longer chunks); returns the rows to store and embedding seconds."""
     chunks = chunking.chunk_document(
         doc, strategy=strategy, budget=budget, count_tokens=embedder.count_tokens, max_tokens=embedder.max_tokens
     )
     started = time.perf_counter()
     vectors = embed_chunks(embedder, chunks, batch)
+    windows = embed_windows(embedder, chunks, window_chars, batch)
     elapsed = time.perf_counter() - started
     heading_prefix = doc.title
     rows = [
-        store.StoredChunk(c, v, fold(c.section or heading_prefix), fold(c.content))
-        for c, v in zip(chunks, vectors, strict=True)
+        store.StoredChunk(c, v, fold(c.section or heading_prefix), fold(c.content), w)
+        for c, v, w in zip(chunks, vectors, windows, strict=True)
     ]
     return rows, elapsed
+
+
+def embed_windows(
+    embedder: Embedder, chunks: Sequence[Chunk], window_chars: int, batch: int = 32
+) -> list[np.ndarray | None]:
+    """Per chunk, the vectors of its sentence windows (``chunking.sentence_windows``), or None for a
+    chunk that fits in one window; every window of the document is embedded in the same batches."""
+    texts: list[str] = []
+    counts: list[int] = []
+    for chunk in chunks:
+        spans = chunking.sentence_windows(chunk.content, window_chars)
+        texts.extend(chunking.window_text(chunk, span) for span in spans)
+        counts.append(len(spans))
+    if not texts:
+        return [None] * len(chunks)
+    parts = [embedder.embed_passages(texts[i : i + batch]) for i in range(0, len(texts), batch)]
+    vectors = np.vstack(parts).astype(np.float32)
+    out: list[np.ndarray | None] = []
+    at = 0
+    for count in counts:
+        out.append(vectors[at : at + count] if count else None)
+        at += count
+    return out
 
 
 def embed_chunks(embedder: Embedder, chunks: Sequence[Chunk], batch: int = 32) -> np.ndarray:
@@ -408,7 +435,7 @@ def ingest_found(
 ) -> tuple[list[FileResult], int, float]:
     """Run ``ingest_file`` over ``files``: their results, chunks embedded and seconds spent embedding."""
     budget = chunk_budget(settings, embedder)
-    pipeline = pipeline_version(coll.strategy, budget)
+    pipeline = pipeline_version(coll.strategy, budget, settings.window_chars)
     results: list[FileResult] = []
     embedded = 0
     embed_seconds = 0.0
@@ -466,7 +493,8 @@ def ingest_file(
         doc = extract(found.path, data)
         groups = groups_for(source, acl, doc.metadata)
         known_groups = groups
-        rows, seconds = prepare_chunks(doc, coll.strategy, budget, embedder, settings.embed_batch)
+        rows, seconds = prepare_chunks(doc, coll.strategy, budget, embedder, settings.embed_batch,
+                                       settings.window_chars)
         if not rows:
             raise ExtractionError("no text to index after front matter and markup")
     except Exception as e:  # one bad file must not stop the others; the reason is stored
@@ -560,7 +588,7 @@ def retry_failed_documents(
 def _current_pipeline(settings: Settings, coll: Collection) -> str:
     """The pipeline version new documents of this collection would get (no model load needed)."""
     budget = settings.chunk_tokens or chunking.default_budget(registry.encoder_window(coll.embedder))
-    return pipeline_version(coll.strategy, budget)
+    return pipeline_version(coll.strategy, budget, settings.window_chars)
 
 
 def reindex(
@@ -582,7 +610,7 @@ def reindex(
     coll = store.require_collection(conn, name)
     switching = coll.embedder != embedder.model_id or coll.dimension != embedder.dimension
     budget = chunk_budget(settings, embedder)
-    pipeline = pipeline_version(coll.strategy, budget)
+    pipeline = pipeline_version(coll.strategy, budget, settings.window_chars)
     target = coll
     if switching:
         staging = f"{name}__reindex"
@@ -633,7 +661,8 @@ def _reprocess(
         doc = Extracted(row["canonical_text"], row["title"], row["extractor"], row["extractor_version"],
                         body_start, pages, metadata)
         try:
-            rows, seconds = prepare_chunks(doc, coll.strategy, budget, embedder, settings.embed_batch)
+            rows, seconds = prepare_chunks(doc, coll.strategy, budget, embedder, settings.embed_batch,
+                                           settings.window_chars)
         except Exception as e:
             log.exception("reindex of %s failed", row["source"])
             return FileResult(row["source"], "failed", error=f"{type(e).__name__}: {e}"), 0.0

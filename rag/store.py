@@ -465,6 +465,7 @@ class StoredChunk:
     vector: np.ndarray
     fts_heading: str
     fts_body: str
+    windows: np.ndarray | None = None  # (n, dimension) vectors of its sentence windows, or None
 
 
 def find_document(conn: Connection, collection_id: int, source: str) -> Any | None:
@@ -539,6 +540,8 @@ def replace_document(
             blob = serialize_vector(stored.vector)
             conn.execute(insert_vector, (cursor.lastrowid, collection.id, key, blob, blob)[: 5 if binary else 4])
             conn.execute(INSERT_PLAIN_VECTOR, (cursor.lastrowid, collection.id, key, blob, sign_bits(blob)))
+            if stored.windows is not None:
+                insert_window_vectors(conn, int(cursor.lastrowid), stored.windows)
         # chunk_count is written by the server when the document commits.
         conn.execute(
             "UPDATE documents SET status = 'ok', chunk_count = "
@@ -551,6 +554,15 @@ def replace_document(
 INSERT_PLAIN_VECTOR = (
     "INSERT INTO chunk_vectors (chunk_id, collection_id, acl, embedding, embedding_bit) VALUES (?, ?, ?, ?, ?)"
 )
+
+
+INSERT_WINDOW_VECTOR = "INSERT INTO window_vectors (chunk_id, ordinal, embedding) VALUES (?, ?, ?)"
+
+
+def insert_window_vectors(conn: Connection, chunk_id: int, vectors: np.ndarray) -> None:
+    """The sentence-window vectors of one chunk (inside the caller's transaction)."""
+    conn.executemany(INSERT_WINDOW_VECTOR,
+                     [(chunk_id, i, serialize_vector(v)) for i, v in enumerate(np.asarray(vectors))])
 
 
 def _version_params(version: DocumentVersion, key: int) -> dict[str, Any]:
@@ -648,6 +660,8 @@ def drop_collection_vectors(conn: Connection, collection: Collection) -> None:
     """Delete every vector of a collection (inside the caller's transaction)."""
     conn.execute(f"DELETE FROM {vector_table(collection.dimension)} WHERE collection_id = ?", (collection.id,))
     conn.execute("DELETE FROM chunk_vectors WHERE collection_id = ?", (collection.id,))
+    conn.execute("DELETE FROM window_vectors WHERE chunk_id IN (SELECT id FROM chunks WHERE collection_id = ?)",
+                 (collection.id,))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,6 +99,17 @@ def detect_language(text: str) -> str:
     return "vi" if common >= 0.3 or (common >= 0.1 and shaped >= 0.6) else "en"
 
 
+QUERY_LANGUAGES = ("vi", "vi-toneless", "en")  # the labels of eval/*/golden_tags.json
+
+
+def query_language(text: str) -> str:
+    """How a question is written: "vi" (Vietnamese with its tones), "vi-toneless" (Vietnamese typed
+    without diacritics, ``detect_language`` on the words) or "en" (anything else)."""
+    if vietnamese_share(text) >= 0.05:
+        return "vi"
+    return "vi-toneless" if detect_language(text) == "vi" else "en"
+
+
 # ---------------------------------------------------------------------------------------------
 # Keywords for the FTS5 branch
 #

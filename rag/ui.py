@@ -33,7 +33,7 @@ from rag.config import Settings, data_dir, load_settings
 from rag.conversation import latest_chat_id, new_chat_id
 from rag.embedding import Embedder
 from rag.errors import NotFoundError, RagError
-from rag.evaluate import EvalReport, StageResult, StrategyTable
+from rag.evaluate import EvalReport, StageResult, StrategyTable, breakdown
 from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
 from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health
@@ -599,6 +599,41 @@ def history_frame(runs: Sequence[StoredRun], k: int = 8) -> pd.DataFrame:
             **{f"R@{k} {s}": (cell.value if (cell := run.metrics[s].hit_rate.get(k)) else None) for s in run.stages},
             "leaks": run.leaks, "destroyed": run.destroyed, "threshold": run.threshold,
             "recommended": run.recommended_threshold, "commit": (run.git_commit or "")[:10],
+        })
+    return pd.DataFrame(rows)
+
+
+def breakdown_frame(report: EvalReport) -> pd.DataFrame:
+    """One row per query kind (question / paraphrase; toned / toneless Vietnamese / English): hit rate@k
+    and MRR of each stage over that kind's answerable queries (``rag.evaluate.breakdown``)."""
+    ks = report.config.ks
+    labels = {"vi": "Vietnamese, toned", "vi-toneless": "Vietnamese, toneless", "en": "English"}
+    rows = []
+    for g in breakdown(report):
+        rows.append({
+            "by": g.by, "kind": labels.get(g.group, g.group), "queries": g.n,
+            **{f"{s} R@{k}": g.hit_rate[s][k].value for s in g.hit_rate for k in ks},
+            **{f"{s} MRR@{max(ks)}": g.mrr[s][max(ks)] for s in g.mrr},
+        })
+    return pd.DataFrame(rows)
+
+
+def latest_runs_frame(runs: Sequence[StoredRun], k: int = 4) -> pd.DataFrame:
+    """The newest run of each (collection, golden set) among ``runs`` (newest first): one row per corpus,
+    with hit rate@k and MRR of each stage."""
+    seen: set[tuple[str, str]] = set()
+    rows = []
+    for run in runs:
+        if (run.collection, run.golden_name) in seen:
+            continue
+        seen.add((run.collection, run.golden_name))
+        mrr_k = max(run.ks)
+        rows.append({
+            "collection": run.collection, "golden": run.golden_name, "run": run.id, "when": run.created_at,
+            "model": run.embedder,
+            **{f"{s} R@{k}": (cell.value if (cell := run.metrics[s].hit_rate.get(k)) else None) for s in run.stages},
+            **{f"{s} MRR@{mrr_k}": run.metrics[s].mrr.get(mrr_k) for s in run.stages},
+            "leaks": run.leaks,
         })
     return pd.DataFrame(rows)
 

@@ -607,3 +607,19 @@ def test_handbook_needles_survive_strategy_e(real_embedder) -> None:  # type: ig
 def test_module_constants() -> None:
     assert chunking.CHUNKER_VERSION == "1"
     assert STRATEGIES == ("A", "B", "C", "D", "E", "F", "R") and chunking.DEFAULT_STRATEGY == "E"
+
+
+def test_sentence_windows_by_hand() -> None:
+    import dataclasses
+
+    from rag.chunking import sentence_windows, window_text
+    from rag.records import Chunk
+
+    text = "One two three. Four five six. Seven eight nine. Ten."
+    assert sentence_windows(text, 30) == [(0, 29), (30, 52)]  # whole sentences, at most 30 characters
+    assert sentence_windows(text, 10) == [(0, 14), (15, 29), (30, 47), (48, 52)]  # a long one stands alone
+    assert sentence_windows(text, 100) == []  # the chunk is one window already
+    assert sentence_windows(text, 0) == []
+    chunk = Chunk(0, "Guide > Start", text, f"Guide > Start\n\n{text}", 0, len(text))
+    assert window_text(chunk, (30, 47)) == "Guide > Start\nSeven eight nine."
+    assert window_text(dataclasses.replace(chunk, text=text), (48, 52)) == "Ten."

@@ -31,6 +31,9 @@ def test_strings_with_quotes_and_backslashes_survive(data_dir: Path, tmp_path: P
 @pytest.mark.parametrize(("changes", "message"), [
     ({"max_distance": 3.0}, "max_distance must lie in [0, 2]"),
     ({"rewrite": "magic"}, "rewrite must be"),
+    ({"window_chars": -1}, "window_chars must be 0"),
+    ({"toneless_dense_share": -0.1}, "toneless_dense_share must lie in [0, 1]"),
+    ({"window_weight": 1.5}, "window_weight must lie in [0, 1]"),
     ({"top_k": "many"}, "top_k must be a whole number"),
     ({"colour": "blue"}, "unknown setting 'colour'"),
     ({"llm_path": "/nowhere/model.gguf"}, "no GGUF model file"),

@@ -288,6 +288,34 @@ def test_regressions_list_flipped_queries(built: Any, golden: Golden, settings: 
     assert evaluate.regressions(baseline, baseline, k=8) == {"dense": [], "hybrid": []}
 
 
+def test_breakdown_by_wording_and_language_by_hand(built: Any, golden: Golden, settings: Settings) -> None:
+    report = run(built, golden, settings)
+    groups = {(g.by, g.group): g for g in evaluate.breakdown(report)}
+    # Answerable: questions G1/q (dense 2), G2/q (none), G3/q (1); the paraphrase G1/p1 (dense 4).
+    assert set(groups) == {("wording", "question"), ("wording", "paraphrase"), ("language", "en")}
+    question, paraphrase = groups[("wording", "question")], groups[("wording", "paraphrase")]
+    assert question.n == 3 and paraphrase.n == 1
+    assert question.hit_rate["dense"][1].hits == 1 and question.hit_rate["dense"][4].value == round(2 / 3, 4)
+    assert question.mrr["dense"][4] == round((1 / 2 + 1) / 3, 4)
+    assert paraphrase.hit_rate["dense"][1].value == 0.0 and paraphrase.hit_rate["dense"][4].value == 1.0
+    assert paraphrase.mrr["dense"][20] == 0.25 and paraphrase.mrr["hybrid"][20] == 1.0
+    assert groups[("language", "en")].n == 4
+    out = report.to_json()["breakdown"]
+    assert out[0] == {"by": "wording", "group": "question", "n": 3, "stages": {
+        s: {**{f"recall@{k}": question.hit_rate[s][k].to_json() for k in report.config.ks},
+            **{f"mrr@{k}": question.mrr[s][k] for k in report.config.ks}} for s in report.stages}}
+    assert "answerable queries by kind" in format_report(report)
+
+
+def test_breakdown_splits_vietnamese_wordings(built: Any, golden: Golden, settings: Settings) -> None:
+    report = run(built, golden, settings)
+    texts = {"G1/q": "Nghỉ phép bao lâu sau năm năm?", "G1/p1": "nghi phep bao lau sau 5 nam vay"}
+    changed = tuple(dataclasses.replace(q, query=texts.get(q.id, q.query)) for q in report.per_query)
+    groups = {(g.by, g.group): g.n for g in evaluate.breakdown(dataclasses.replace(report, per_query=changed))}
+    assert groups[("language", "vi")] == 1 and groups[("language", "vi-toneless")] == 1
+    assert groups[("language", "en")] == 2
+
+
 def test_format_report_shows_every_table(built: Any, golden: Golden, settings: Settings) -> None:
     text = format_report(run(built, golden, settings))
     assert "0.250 [" in text  # dense R@1 with its interval

@@ -518,11 +518,16 @@ def test_evaluation_page_runs_the_bundled_golden_set_and_charts_it(guide_db: Pat
     assert metrics["Leaks"] == "0"  # the permission filter runs inside both retrieval branches
     charts = at.get("vega_lite_chart")
     assert len(charts) == 2  # recall@k with error bars, gate sweep with the thresholds marked
-    per_query = at.dataframe[0].value
+    kinds, per_query, corpora = at.dataframe[0].value, at.dataframe[1].value, at.dataframe[2].value
+    # The guide set: 40 questions + 40 paraphrases answerable, in English and a few in Vietnamese.
+    assert list(kinds["kind"][:2]) == ["question", "paraphrase"] and list(kinds["queries"][:2]) == [40, 40]
+    assert {"English", "Vietnamese, toned"} <= set(kinds["kind"]) and "hybrid R@4" in kinds.columns
     assert len(per_query) == 112 and {"rank dense", "rank fts", "rank hybrid", "gate"} <= set(per_query.columns)
+    assert list(corpora["golden"]) == ["golden_guide"] and list(corpora["collection"]) == ["default"]
     # A second run on the same golden set is compared against the first one.
     at.button(key="FormSubmitter:run-Run on “default”").click().run()
     assert "Run #2" in texts(at)
+    assert len(at.dataframe[2].value) == 1  # per corpus: the newest run only
     assert len(at.dataframe[-1].value) == 2  # run history
 
 

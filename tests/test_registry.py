@@ -229,7 +229,8 @@ def test_a_plugin_model_is_one_registration_for_the_whole_pipeline(
     assert max_tokens_for("acme/vi-embed") == 64  # what pages/chunks.py shows
     budget = chunking.default_budget(64)
     assert not any(d.stale for d in document_statuses(conn, settings))  # status computed the same budget
-    assert pipeline_version(coll.strategy, budget) in {r["pipeline_version"] for r in store.document_rows(conn)}
+    current = pipeline_version(coll.strategy, budget, settings.window_chars)
+    assert current in {r["pipeline_version"] for r in store.document_rows(conn)}
 
 
 # --- facts read without loading a model

@@ -114,6 +114,41 @@ def test_fuse_rrf_other_k_and_empty() -> None:
         fuse_rrf([[1]], k=-1)
 
 
+def test_weighted_rrf_by_hand() -> None:
+    scores = fuse_rrf([[1, 2], [2, 3]], weights=[0.4, 1.6])
+    assert scores[1] == pytest.approx(0.4 / 61)
+    assert scores[2] == pytest.approx(0.4 / 62 + 1.6 / 61)
+    assert scores[3] == pytest.approx(1.6 / 62)
+    assert fuse_rrf([[1, 2], [2, 3]], weights=[1.0, 1.0]) == fuse_rrf([[1, 2], [2, 3]])
+    with pytest.raises(ValueError):
+        fuse_rrf([[1]], weights=[1.0, 1.0])
+
+
+def test_branch_weights_favour_keywords_only_for_toneless_vietnamese() -> None:
+    assert retrieval.branch_weights("How do I start the app on another port?", 0.2) == (1.0, 1.0)
+    assert retrieval.branch_weights("Làm sao để chạy ứng dụng trên cổng khác?", 0.2) == (1.0, 1.0)
+    assert retrieval.branch_weights("lam sao de chay ung dung tren cong khac", 0.2) == pytest.approx((0.4, 1.6))
+    assert retrieval.branch_weights("lam sao de chay ung dung tren cong khac", 0.5) == (1.0, 1.0)
+
+
+def test_a_toneless_question_follows_the_keyword_branch(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+) -> None:
+    question = "loi vpn 403 xu ly sao"
+    plain = search(corpus, question, embedder=fake_embedder, settings=settings.replace(toneless_dense_share=0.5))
+    keyword_led = search(corpus, question, embedder=fake_embedder, settings=settings)
+    only_fts = search(corpus, question, embedder=fake_embedder, settings=settings.replace(toneless_dense_share=0.0))
+    ranks = [h.sparse_rank for h in only_fts]  # share 0: the keyword order, dense-only hits after it
+    assert ranks[0] == 1 and [r for r in ranks if r] == sorted(r for r in ranks if r)
+    assert all(r is None for r in ranks[len([r for r in ranks if r]):])
+    fused = {h.chunk_id: h.rrf_score for h in keyword_led}
+    for h in keyword_led:  # the weights are the ones branch_weights gives: 0.4 dense, 1.6 keywords
+        expected = (0.4 / (60 + h.dense_rank) if h.dense_rank else 0) + (
+            1.6 / (60 + h.sparse_rank) if h.sparse_rank else 0)
+        assert fused[h.chunk_id] == pytest.approx(expected)
+    assert {h.chunk_id for h in plain} == {h.chunk_id for h in keyword_led}
+
+
 def test_seed_001_example_rank_12_jumps_to_2() -> None:
     """Seed 001: the only chunk with the exact code sits at dense rank 12 and sparse rank 1."""
     dense = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 999]
@@ -798,3 +833,61 @@ def test_matching_only_necessary_keywords_keeps_every_covered_hit(
     }
     voted = {flag: {h.chunk_id for h in hits if h.sparse_rank is not None} for flag, hits in runs.items()}
     assert voted[True] and voted[True] == voted[False]
+
+
+# ---------------------------------------------------------------------------------------------
+# Window vectors (issue 16)
+
+
+def test_window_rescore_by_hand() -> None:
+    dense = [(1, 0.30), (2, 0.40), (3, 0.50)]
+    # chunk 2: 0.40 - 0.5 * (0.40 - 0.10) = 0.25 beats chunk 1 (no window); chunk 3's window is
+    # farther than the chunk itself, so it stays at 0.50; chunk 1's window adds 0.5 * 0.02.
+    assert retrieval.window_rescore(dense, {1: 0.28, 2: 0.10, 3: 0.70}, 0.5) == [(2, 0.40), (1, 0.30), (3, 0.50)]
+    assert retrieval.window_rescore(dense, {2: 0.10}, 0.0) == dense  # weight 0: the dense order
+    assert retrieval.window_rescore(dense, {2: 0.20}, 1.0) == [(2, 0.40), (1, 0.30), (3, 0.50)]
+    assert retrieval.window_rescore([(5, 0.3), (4, 0.3)], {}, 0.5) == [(5, 0.3), (4, 0.3)]  # ties keep order
+
+
+LONG_PAGE = (
+    "---\ntitle: Office\n---\n## Notes\n\n"
+    "The kitchen has a kettle, mugs and a fridge for shared lunches. "
+    "Printers on the second floor need a badge before they print anything. "
+    "Meeting rooms are booked through the calendar with a short agenda. "
+    "Plants near the windows are watered by the facilities team on Mondays. "
+    "The garage closes at seven pm sharp on weekdays. "
+    "Visitors sign in at reception and wear a sticker while they stay. "
+    "Quiet hours run from two to four in the afternoon across the open floor.\n"
+)
+
+
+def test_a_needle_in_a_long_chunk_rises_through_its_window(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> None:
+    cafe = "---\ntitle: Cafe\n---\n## Menu\n\nThe garage is near the cafe on weekdays.\n"
+    settings = settings.replace(window_chars=60)  # one sentence per window: the fake embedder is a bag of words
+    ingest(conn, [write_corpus(tmp_path / "docs", {"office.md": LONG_PAGE, "cafe.md": cafe})], settings=settings,
+           embedder=fake_embedder)
+    windows = conn.execute("SELECT count(*) FROM window_vectors").fetchone()[0]
+    assert windows >= 2  # the long chunk has windows, the one-sentence chunk none
+    question = "when does the garage close at seven pm on weekdays"
+    plain = search(conn, question, embedder=fake_embedder, settings=settings.replace(window_weight=0.0),
+                   stage="dense", k=2)
+    with_windows = search(conn, question, embedder=fake_embedder, settings=settings, stage="dense", k=2)
+    assert [h.source for h in plain] == ["cafe.md", "office.md"]
+    assert [h.source for h in with_windows] == ["office.md", "cafe.md"]
+    assert [h.distance for h in with_windows] == sorted(h.distance for h in plain)[::-1]  # own distances kept
+
+
+def test_window_vectors_go_with_their_chunks(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> None:
+    settings = settings.replace(window_chars=200)  # the page's ~480 characters make several windows
+    ingest(conn, [write_corpus(tmp_path / "docs", {"office.md": LONG_PAGE})], settings=settings,
+           embedder=fake_embedder)
+    owners = {r[0] for r in conn.execute("SELECT chunk_id FROM window_vectors")}
+    assert owners and owners <= {r[0] for r in conn.execute("SELECT id FROM chunks")}
+    store.delete_document(conn, int(conn.execute("SELECT id FROM documents").fetchone()[0]))
+    assert conn.execute("SELECT count(*) FROM window_vectors").fetchone()[0] == 0
+    ingest(conn, [tmp_path / "docs"], settings=settings.replace(window_chars=0), embedder=fake_embedder)
+    assert conn.execute("SELECT count(*) FROM window_vectors").fetchone()[0] == 0  # window_chars 0: none

@@ -56,6 +56,7 @@ EXPECTED_COLUMNS = {
         "fts_heading",
         "fts_body",
     ],
+    "window_vectors": ["chunk_id", "ordinal", "embedding"],
 }
 
 

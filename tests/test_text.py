@@ -109,3 +109,12 @@ def test_content_tokens_keep_tones_and_drop_stopwords() -> None:
         "làm", "chạy", "ứng", "dụng", "trên", "cổng", "khác"
     ]
     assert content_tokens("What is it?") == []  # no fallback to stopwords, unlike keywords()
+
+
+def test_query_language_tells_toned_toneless_and_english() -> None:
+    from rag.text import query_language
+
+    assert query_language("Làm sao để chạy ứng dụng trên cổng khác?") == "vi"
+    assert query_language("lam sao de chay ung dung tren cong khac") == "vi-toneless"
+    assert query_language("How do I start the app on another port?") == "en"
+    assert query_language("VPN-403") == "en"
