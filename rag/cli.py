@@ -58,7 +58,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _common(parser: argparse.ArgumentParser, collection: bool = True) -> None:
-    parser.add_argument("--db", help="database file (default: RAG_DB or <data dir>/rag.db)")
+    parser.add_argument("--db", help="SQLite file or postgresql://user@host:5432/db URL (default: RAG_DB or "
+                        "<data dir>/rag.db)")
     if collection:
         parser.add_argument("--collection", help="collection name (default: 'default')")
 
@@ -268,7 +269,7 @@ def cmd_eval_run(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.golden:
         raise RagError("rag eval needs --golden G.json (a golden set in the ../shared/eval/README.md format)")
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     golden = load_golden(args.golden)
     conn = resources.connect()
@@ -376,10 +377,10 @@ def cmd_eval_strategies(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def cmd_eval_history(args: argparse.Namespace, resources: Resources) -> int:
-    from rag import history
+    from rag import history, store
 
     settings = resources.settings
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}")
     conn = resources.connect()
     runs = history.list_runs(conn, golden_name=args.golden_name, limit=args.limit)
@@ -656,7 +657,7 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
         raise RagError('give one question ("rag search QUESTION") or --queries FILE.jsonl, not both')
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
     conn = resources.connect()
@@ -722,7 +723,7 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if (args.query is None) == (args.queries is None):
         raise RagError('give one question ("rag ask QUESTION") or --queries FILE.jsonl, not both')
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
     conn = resources.connect()
@@ -818,10 +819,11 @@ def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def cmd_audit_channels(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import store
     from rag.retrieval import MAX_CHANNELS_PER_FIELD, audit_channels
 
     settings = resources.settings
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
@@ -1107,7 +1109,7 @@ def cmd_serve(args: argparse.Namespace, resources: Resources, launch: Launcher |
         from rag import auth, store
 
         has_admin = False
-        if Path(settings.db_path).is_file():
+        if store.database_exists(settings.db_path):
             conn = store.open_db(settings.db_path, create=False)
             try:
                 has_admin = auth.has_admin(conn)

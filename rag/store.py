@@ -20,8 +20,17 @@ from typing import Any
 import numpy as np
 import sqlite_vec
 
+from rag.config import is_database_url
 from rag.errors import ExtensionLoadError, IndexMismatchError, NotFoundError, RagError, StorageError
 from rag.records import Chunk, Collection, DocumentInfo
+
+# PostgreSQL (rag.pg) is the second backend: open_db() picks it for a postgresql:// URL, and the
+# functions below whose SQL differs hand such a connection to rag.pg (imported only then).
+
+
+def is_postgres(conn: Any) -> bool:
+    """Whether ``conn`` is a ``rag.pg.PgConnection`` (without importing psycopg for SQLite users)."""
+    return getattr(conn, "backend", None) == "postgres"
 
 PUBLIC_GROUP = "all"  # every reader holds it implicitly; documents default to it
 METRIC = "cosine"  # the one distance used everywhere: 1 - cos (= L2^2 / 2 on unit vectors)
@@ -103,6 +112,12 @@ def connect(path: str | Path, *, uri: bool = False) -> Connection:
 @contextmanager
 def transaction(conn: Connection) -> Iterator[Connection]:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+    if is_postgres(conn):
+        from rag import pg
+
+        with pg.transaction(conn):
+            yield conn
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
@@ -199,8 +214,13 @@ def open_db(path: str | Path, *, create: bool = True) -> Connection:
     Every way the file can be wrong becomes a ``StorageError`` that names the file and the fix:
     a folder, a file that is not SQLite, a missing file when ``create`` is False (read-only
     commands never create a database or its folder), a read-only file or folder (opened
-    read-only, so it can still be searched), a full disk.
+    read-only, so it can still be searched), a full disk. A ``postgresql://`` URL opens that
+    database (``rag.pg.open_db``; the database itself must exist, so ``create`` does not apply).
     """
+    if is_database_url(path):
+        from rag import pg
+
+        return pg.open_db(str(path))
     if str(path) == ":memory:":
         conn = connect(path)
         migrate(conn)
@@ -302,6 +322,10 @@ def ensure_vector_table(conn: Connection, dimension: int) -> str:
     both filters run INSIDE the KNN scan (no post-filtering). ``embedding_bit`` holds the
     binary-quantized copy used as a fast prefilter before float rescoring.
     """
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.ensure_vector_index(conn, dimension)
     name = vector_table(dimension)
     bit_column = f", embedding_bit BIT[{int(dimension)}]" if has_binary(dimension) else ""
     conn.execute(
@@ -407,6 +431,10 @@ def normalize_groups(groups: Iterable[str] | None) -> list[str]:
 def access_key(conn: Connection, groups: Iterable[str]) -> int:
     """The id of this exact group set, created on first use."""
     key = json.dumps(normalize_groups(groups))
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.access_key(conn, key)
     conn.execute("INSERT OR IGNORE INTO access_keys (groups) VALUES (?)", (key,))
     return int(conn.execute("SELECT id FROM access_keys WHERE groups = ?", (key,)).fetchone()[0])
 
@@ -418,6 +446,10 @@ WITHHELD_GROUPS = "[]"
 
 def withheld_access_key(conn: Connection) -> int:
     """The access key no reader may see: a failed document whose permissions are unknown."""
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.access_key(conn, WITHHELD_GROUPS)
     conn.execute("INSERT OR IGNORE INTO access_keys (groups) VALUES (?)", (WITHHELD_GROUPS,))
     return int(conn.execute("SELECT id FROM access_keys WHERE groups = ?", (WITHHELD_GROUPS,)).fetchone()[0])
 
@@ -474,6 +506,8 @@ def find_document(conn: Connection, collection_id: int, source: str) -> Any | No
 
 
 def _delete_vectors(conn: Connection, dimension: int, document_id: int) -> None:
+    if is_postgres(conn):
+        return  # PostgreSQL: chunk_vectors rows go with their chunks (ON DELETE CASCADE)
     table = vector_table(dimension)
     conn.execute(
         f"DELETE FROM {table} WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)", (document_id,)
@@ -501,6 +535,10 @@ def replace_document(
     )
     with transaction(conn):
         key = access_key(conn, version.groups)
+        if is_postgres(conn):
+            from rag import pg
+
+            return pg.replace_document(conn, collection, version, chunks, key, _version_params(version, key))
         old = find_document(conn, collection.id, version.source)
         if old is not None:
             _delete_vectors(conn, collection.dimension, old["id"])
@@ -618,6 +656,11 @@ def _set_document_access(conn: Connection, collection: Collection, document_id: 
         (groups_json, key, document_id),
     )
     conn.execute("UPDATE chunks SET access_key = ? WHERE document_id = ?", (key, document_id))
+    if is_postgres(conn):
+        from rag import pg
+
+        pg.set_vector_access(conn, document_id, key)
+        return
     # One row at a time: sqlite-vec 0.1.9 rejects a multi-row UPDATE here as if it touched the
     # partition key ("UPDATE on partition key columns are not supported yet").
     chunk_ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE document_id = ?", (document_id,))]
@@ -646,6 +689,11 @@ def delete_document(conn: Connection, document_id: int) -> None:
 
 def drop_collection_vectors(conn: Connection, collection: Collection) -> None:
     """Delete every vector of a collection (inside the caller's transaction)."""
+    if is_postgres(conn):
+        from rag import pg
+
+        pg.drop_collection_vectors(conn, collection.id)
+        return
     conn.execute(f"DELETE FROM {vector_table(collection.dimension)} WHERE collection_id = ?", (collection.id,))
     conn.execute("DELETE FROM chunk_vectors WHERE collection_id = ?", (collection.id,))
 
@@ -725,6 +773,10 @@ def chunk_vectors(conn: Connection, dimension: int, chunk_ids: Sequence[int]) ->
     """Stored float vectors by chunk id (point lookups on the vec0 table)."""
     if not chunk_ids:
         return {}
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.chunk_vectors(conn, chunk_ids)
     marks = ",".join("?" * len(chunk_ids))
     rows = conn.execute(
         f"SELECT chunk_id, embedding FROM {vector_table(dimension)} WHERE chunk_id IN ({marks})", list(chunk_ids)
@@ -742,8 +794,16 @@ def set_meta(conn: Connection, key: str, value: str) -> None:
                  (key, value))
 
 
+def database_exists(location: str | Path) -> bool:
+    """Whether there is a database to read at ``location``: an SQLite file, or any PostgreSQL URL
+    (the server says whether it exists when it is opened)."""
+    return is_database_url(location) or Path(location).is_file()
+
+
 def ensure_writable(path: str | Path) -> None:
     """Fail early, with a clear message, when the database directory cannot be written."""
+    if is_database_url(path):
+        return
     parent = Path(path).expanduser().resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
