@@ -79,6 +79,10 @@ def connect(path: str | Path, *, uri: bool = False) -> Connection:
     The connection is in autocommit mode; group writes with ``transaction(conn)``. With ``uri``
     the path is an SQLite URI (``file:...?immutable=1``) and nothing is created.
     """
+    if is_database_url(path):  # a PostgreSQL URL: its connection, not a file of that name
+        from rag import pg
+
+        return pg.connect(str(path))
     if str(path) != ":memory:" and not uri:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite.connect(str(path), isolation_level=None, timeout=30.0, uri=uri)

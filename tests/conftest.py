@@ -85,6 +85,24 @@ def pg_url(pg_server: str) -> Iterator[str]:
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 
+def vector_access_keys(conn: store.Connection, dimension: int) -> list[int]:
+    """The access key of every stored vector of one dimension, by chunk id, on either backend
+    (SQLite: the vec0 table; PostgreSQL: chunk_vectors)."""
+    if store.is_postgres(conn):
+        sql = "SELECT acl FROM chunk_vectors WHERE dimension = ? ORDER BY chunk_id"
+        return [int(r[0]) for r in conn.execute(sql, (dimension,))]
+    return [int(r[0]) for r in conn.execute(f"SELECT acl FROM {store.vector_table(dimension)} ORDER BY chunk_id")]
+
+
+def database_error(conn: store.Connection) -> type[Exception]:
+    """The driver's base error class of a connection's backend."""
+    if store.is_postgres(conn):
+        import psycopg
+
+        return psycopg.Error
+    return store.sqlite.Error  # type: ignore[no-any-return]
+
+
 def database_url(server_url: str, name: str) -> str:
     """The URL of database ``name`` on the server of ``server_url``."""
     parts = urlsplit(server_url)
