@@ -141,6 +141,37 @@ def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import store
+    from rag.config import database_location
+    from rag.transfer import copy_collections
+
+    src_location, dest_location = database_location(args.src), database_location(args.dest)
+    if not store.database_exists(src_location):
+        raise RagError(f"no database at {args.src}: give an SQLite file or a postgresql:// URL to copy from")
+    if str(src_location) == str(dest_location):
+        raise RagError("the source and the destination are the same database")
+    src = store.open_db(src_location, create=False)
+    try:
+        dest = store.open_db(dest_location)
+        try:
+            reports = copy_collections(src, dest, args.collection, sample=args.sample)
+        finally:
+            dest.close()
+    finally:
+        src.close()
+    failed = False
+    for r in reports:
+        state = "verified" if r.verified else "NOT VERIFIED"
+        print(f"{r.name}: {r.copied} documents copied, {r.skipped} already there; documents {r.documents[0]} -> "
+              f"{r.documents[1]}, chunks {r.chunks[0]} -> {r.chunks[1]}, {r.vectors_checked} vector checksums "
+              f"compared: {state}")
+        for key in r.vectors_differing[:10]:
+            print(f"  vector differs: {key}")
+        failed |= not r.verified
+    return 1 if failed else 0
+
+
 def cmd_reindex(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
     from rag.ingest import reindex
@@ -1232,6 +1263,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     _common(p)
     handlers["demo"] = cmd_demo
 
+    p = sub.add_parser("migrate", help="copy collections with their vectors between databases (SQLite file or "
+                       "postgresql:// URL), resumable, verified by counts and vector checksums")
+    p.add_argument("src", help="database to copy from (SQLite file or postgresql://user@host:5432/db)")
+    p.add_argument("dest", help="database to copy into (created if an SQLite file)")
+    p.add_argument("--collection", action="append", help="copy only this collection (repeatable; default: all)")
+    p.add_argument("--sample", type=int, default=200, help="vectors per collection whose SHA-256 is compared "
+                   "(default: 200)")
+    handlers["migrate"] = cmd_migrate
+
     _add_eval_parser(sub, handlers)
     _add_search_parser(sub, handlers)
     _add_ask_parser(sub, handlers)
@@ -1256,7 +1296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RagError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except store.sqlite.Error as e:  # a full disk, a read-only file, a lock held too long: one line, no traceback
+    except store.database_errors() as e:  # a full disk, a read-only file, a lock held too long: one line, no traceback
         print(f"error: {store.describe_storage_error(getattr(args, 'db', None) or 'the database', e)}",
               file=sys.stderr)
         return 1

@@ -272,8 +272,21 @@ def _read_only_problem(error: Exception) -> bool:
     return "readonly" in text or "read-only" in text or "unable to open" in text
 
 
+def database_errors() -> tuple[type[Exception], ...]:
+    """The drivers' base error classes (for an ``except``): sqlite's, and psycopg's once loaded."""
+    errors: list[type[Exception]] = [sqlite.Error]
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None:
+        errors.append(psycopg.Error)
+    return tuple(errors)
+
+
 def describe_storage_error(file: str | Path, error: Exception) -> str:
     """One line for a user: what is wrong with the database file and what to do."""
+    if is_database_url(file):
+        from rag import pg
+
+        return f"the PostgreSQL database {pg.redact(str(file))} answered: {str(error).strip().splitlines()[0]}"
     return _storage_problem(Path(file), error)
 
 
