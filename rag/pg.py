@@ -321,6 +321,15 @@ def fts_tokens(text: str) -> list[str]:
     return _WORD.findall(text.casefold())
 
 
+def term_counts(heading: str, body: str) -> dict[str, tuple[int, int]]:
+    """Each FTS term's occurrences in the heading and in the body (the rows of ``fts_postings``)."""
+    counts: dict[str, list[int]] = {}
+    for column, text in enumerate((heading, body)):
+        for term in fts_tokens(text):
+            counts.setdefault(term, [0, 0])[column] += 1
+    return {term: (min(a, 32767), min(b, 32767)) for term, (a, b) in counts.items()}
+
+
 def tsvector_literal(heading: str, body: str) -> tuple[str, int]:
     """A tsvector in text form with the heading's terms at weight A and the body's at B, and the
     token count (BM25's document length, both columns, as FTS5 counts it).
@@ -377,6 +386,13 @@ FROM unnest(%(ordinal)s::int[], %(section)s::text[], %(text)s::text[], %(content
 RETURNING id, ordinal
 """
 
+INSERT_POSTINGS = """
+INSERT INTO fts_postings (term, chunk_id, collection_id, acl, tf_heading, tf_body, length)
+SELECT p.term, p.chunk_id, %(collection_id)s, %(key)s, p.tf_heading, p.tf_body, p.length
+FROM unnest(%(term)s::text[], %(chunk_id)s::bigint[], %(tf_heading)s::smallint[], %(tf_body)s::smallint[],
+            %(length)s::int[]) AS p(term, chunk_id, tf_heading, tf_body, length)
+"""
+
 INSERT_VECTORS = """
 INSERT INTO chunk_vectors (chunk_id, collection_id, acl, dimension, embedding)
 SELECT v.chunk_id, %(collection_id)s, %(key)s, %(dimension)s, v.embedding::vector
@@ -414,6 +430,13 @@ def replace_document(
                 columns[name].append(value)
         ids = {int(r[1]): int(r[0]) for r in conn.query(
             INSERT_CHUNKS, columns | {"document_id": document_id, "collection_id": collection.id, "key": key})}
+        postings: dict[str, list[Any]] = {"term": [], "chunk_id": [], "tf_heading": [], "tf_body": [], "length": []}
+        for stored, length in zip(chunks, columns["fts_length"], strict=True):
+            for term, (heading, body) in term_counts(stored.fts_heading, stored.fts_body).items():
+                for name, value in (("term", term), ("chunk_id", ids[stored.chunk.ordinal]), ("tf_heading", heading),
+                                    ("tf_body", body), ("length", length)):
+                    postings[name].append(value)
+        conn.query(INSERT_POSTINGS, postings | {"collection_id": collection.id, "key": key})
         conn.query(INSERT_VECTORS, {
             "collection_id": collection.id, "key": key, "dimension": collection.dimension,
             "chunk_id": [ids[s.chunk.ordinal] for s in chunks],
@@ -431,8 +454,10 @@ def chunk_vectors(conn: PgConnection, chunk_ids: Sequence[int]) -> dict[int, np.
 
 
 def set_vector_access(conn: PgConnection, document_id: int, key: int) -> None:
-    conn.query("UPDATE chunk_vectors SET acl = %s WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = %s)",
-               (key, document_id))
+    """The new access key on a document's vectors and postings (its chunks are done by the caller)."""
+    for table in ("chunk_vectors", "fts_postings"):
+        conn.query(f"UPDATE {table} SET acl = %s WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = %s)",
+                   (key, document_id))
 
 
 def drop_collection_vectors(conn: PgConnection, collection_id: int) -> None:

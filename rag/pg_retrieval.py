@@ -11,11 +11,12 @@ per-dimension HNSW index with ``hnsw.iterative_scan = relaxed_order``, so a sele
 does not starve the top k (pgvector without it returned 3 of 10 rows at a 1 % filter), re-sorted
 afterwards as pgvector's documentation advises. The access filter is in both queries.
 
-Sparse: ``chunks.fts`` holds the same folded terms as FTS5 (``rag.pg.tsvector_literal``); the GIN
-index finds the matches, and ``bm25_scores`` ranks them with FTS5's own BM25 (k1 = 1.2, b = 0.75,
-column weights, IDF from the ``fts_terms`` statistics of every chunk), because PostgreSQL's
-``ts_rank`` / ``ts_rank_cd`` have no IDF: a match on a word in half the chunks counts like a
-match on a word in two.
+Sparse: FTS5's own BM25 (k1 = 1.2, b = 0.75, column weights, IDF from the ``fts_terms``
+statistics of every chunk), because PostgreSQL's ``ts_rank`` / ``ts_rank_cd`` have no IDF: a match
+on a word in half the chunks counts like a match on a word in two. It is summed in SQL over the
+posting lists of ``fts_postings`` (the same folded terms as FTS5's, ``rag.pg.term_counts``);
+phrases ("vpn-403") are matched through ``chunks.fts`` (tsvector, GIN) and scored by
+``bm25_scores``.
 """
 
 from __future__ import annotations
@@ -72,7 +73,25 @@ WITH nearest AS MATERIALIZED (
 SELECT chunk_id, distance FROM nearest ORDER BY distance, chunk_id
 """
 
-# Every match's terms with their positions' weights, for BM25 in bm25_scores().
+# BM25 of the one-word keywords from their posting lists (fts_postings), plus the scores of the
+# phrases computed beforehand (phrase_ids, phrase_scores), summed per chunk: FTS5's bm25(),
+# best first as FTS5's negative values sort.
+FTS_BM25_SQL = """
+WITH query(term, idf) AS (SELECT * FROM unnest(%(terms)s::text[], %(idfs)s::float8[])),
+parts(chunk_id, part) AS (
+  SELECT p.chunk_id,
+         q.idf * w.f * (%(k1)s + 1) / (w.f + %(k1)s * (1 - %(b)s + %(b)s * p.length / %(avg_length)s))
+  FROM query q
+  JOIN fts_postings p ON p.term = q.term
+  CROSS JOIN LATERAL (SELECT %(weight_heading)s * p.tf_heading + %(weight_body)s * p.tf_body AS f) w
+  WHERE p.collection_id = %(collection)s {access}
+  UNION ALL
+  SELECT * FROM unnest(%(phrase_ids)s::bigint[], %(phrase_scores)s::float8[]))
+SELECT chunk_id, -sum(part) AS score FROM parts GROUP BY chunk_id ORDER BY score, chunk_id LIMIT %(k)s
+"""
+
+# The chunks matching a phrase ("vpn-403": vpn then 403), with the positions and weights of its
+# terms, for phrase_counts() (posting lists hold no positions).
 FTS_MATCHES_SQL = """
 SELECT k.id, k.fts_length, t.lexeme, t.weights, t.positions
 FROM chunks k, unnest(k.fts) AS t(lexeme, positions, weights)
@@ -106,6 +125,11 @@ def dense_sql(dimension: int, *, exact: bool, app_filter: bool = True) -> str:
 
 
 def fts_sql(*, app_filter: bool = True) -> str:
+    """The BM25 statement over the posting lists, with or without the application's access filter."""
+    return FTS_BM25_SQL.format(access="AND p.acl = ANY(%(access_keys)s)" if app_filter else "")
+
+
+def phrase_sql(*, app_filter: bool = True) -> str:
     return FTS_MATCHES_SQL.format(access="AND k.access_key = ANY(%(access_keys)s)" if app_filter else "")
 
 
@@ -223,23 +247,36 @@ def search_fts(
     weights: tuple[float, float] = (3.0, 1.0), app_filter: bool = True,
 ) -> list[tuple[int, float]]:
     """``(chunk_id, bm25)`` of the best ``k`` visible chunks for an FTS5 expression of quoted
-    keywords (``rag.text.build_fts_query``); bm25 is FTS5's, lower is better."""
+    keywords (``rag.text.build_fts_query``); bm25 is FTS5's, lower is better.
+
+    One-word keywords are scored in SQL from their posting lists; a keyword of several words is
+    a phrase, whose occurrences need positions: its matches (few, phrases are rare) are read with
+    their tsvector positions and scored here, then summed in with the rest.
+    """
     query_phrases = phrases(match_keywords(match))
     if not query_phrases:
         return []
-    terms = sorted({t for p in query_phrases for t in p})
-    rows = conn.query(fts_sql(app_filter=app_filter), _params(
-        access_keys, query=tsquery_literal(query_phrases), collection=collection_id, terms=terms))
-    matches: dict[int, tuple[int, dict[str, dict[int, str]]]] = {}
-    for chunk_id, length, lexeme, term_weights, positions in rows:
-        entry = matches.setdefault(int(chunk_id), (int(length), {}))
-        entry[1][lexeme] = dict(zip(positions, term_weights, strict=True))
     total_docs, total_tokens = _totals(conn)
-    docs = term_docs(conn, terms)
-    idf = [bm25_idf(total_docs, docs.get(p[0], 0) if len(p) == 1 else phrase_docs(conn, p)) for p in query_phrases]
-    scores = bm25_scores(matches, query_phrases, idf, {"A": weights[0], "B": weights[1]},
-                         total_tokens / total_docs if total_docs else 0.0)
-    return sorted(scores.items(), key=lambda item: (item[1], item[0]))[:k]
+    avg_length = total_tokens / total_docs if total_docs else 1.0
+    words = [p[0] for p in query_phrases if len(p) == 1]
+    docs = term_docs(conn, words)
+    multi = [p for p in query_phrases if len(p) > 1]
+    phrase_scores: dict[int, float] = {}
+    if multi:
+        terms = sorted({t for p in multi for t in p})
+        rows = conn.query(phrase_sql(app_filter=app_filter), _params(
+            access_keys, query=tsquery_literal(multi), collection=collection_id, terms=terms))
+        matches: dict[int, tuple[int, dict[str, dict[int, str]]]] = {}
+        for chunk_id, length, lexeme, term_weights, positions in rows:
+            entry = matches.setdefault(int(chunk_id), (int(length), {}))
+            entry[1][lexeme] = dict(zip(positions, term_weights, strict=True))
+        phrase_scores = bm25_scores(matches, multi, [bm25_idf(total_docs, phrase_docs(conn, p)) for p in multi],
+                                    {"A": weights[0], "B": weights[1]}, avg_length)
+    rows = conn.query(fts_sql(app_filter=app_filter), _params(
+        access_keys, terms=words, idfs=[bm25_idf(total_docs, docs.get(w, 0)) for w in words], k1=BM25_K1, b=BM25_B,
+        avg_length=avg_length, weight_heading=weights[0], weight_body=weights[1], collection=collection_id,
+        phrase_ids=list(phrase_scores), phrase_scores=[-v for v in phrase_scores.values()], k=k))
+    return [(int(r[0]), float(r[1])) for r in rows]
 
 
 def query_idf(conn: PgConnection, keywords: Sequence[str]) -> dict[str, float]:

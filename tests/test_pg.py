@@ -62,9 +62,10 @@ def _branches(conn: Any, *, app_filter: bool, keys: list[int]) -> set[int]:
         found |= {c for c, _ in pg_retrieval.search_vectors(
             conn, vector, collection_id=coll.id, dimension=coll.dimension, access_keys=keys, k=50, exact=exact,
             app_filter=app_filter)}
-    match = retrieval.build_fts_query("salary band cap for paid vacation payouts")
-    found |= {c for c, _ in pg_retrieval.search_fts(conn, match, collection_id=coll.id, access_keys=keys, k=50,
-                                                    app_filter=app_filter)}
+    for question in ("salary band cap for paid vacation payouts", "191,900 dollars"):  # words; a phrase
+        match = retrieval.build_fts_query(question)
+        found |= {c for c, _ in pg_retrieval.search_fts(conn, match, collection_id=coll.id, access_keys=keys, k=50,
+                                                        app_filter=app_filter)}
     return found
 
 
@@ -157,6 +158,7 @@ def test_rls_alone_returns_no_forbidden_chunk_with_the_application_filter_remove
         every_row = {int(r[0]) for r in indexed.query("SELECT id FROM chunks")}
         documents = {r[0] for r in indexed.query("SELECT source FROM documents")}
         vectors = {int(r[0]) for r in indexed.query("SELECT chunk_id FROM chunk_vectors")}
+        vectors |= {int(r[0]) for r in indexed.query("SELECT chunk_id FROM fts_postings")}
     assert found and not found & forbidden
     assert every_row and not every_row & forbidden and not vectors & forbidden
     assert not documents & set(FORBIDDEN)
@@ -197,7 +199,9 @@ def test_search_runs_as_the_reader(indexed: Any, pg_url: str, monkeypatch: pytes
     monkeypatch.setattr(pg_retrieval, "dense_sql", lambda dimension, exact, app_filter=True:
                         (pg_retrieval.DENSE_EXACT_SQL if exact else pg_retrieval.DENSE_HNSW_SQL).format(
                             dim=int(dimension), access=""))
-    monkeypatch.setattr(pg_retrieval, "fts_sql", lambda app_filter=True: pg_retrieval.FTS_MATCHES_SQL.format(access=""))
+    monkeypatch.setattr(pg_retrieval, "fts_sql", lambda app_filter=True: pg_retrieval.FTS_BM25_SQL.format(access=""))
+    monkeypatch.setattr(pg_retrieval, "phrase_sql",
+                        lambda app_filter=True: pg_retrieval.FTS_MATCHES_SQL.format(access=""))
     settings = load_settings(db_path=pg_url)
     for stage in ("dense", "fts", "hybrid"):
         hits = search(indexed, "salary band cap for paid vacation payouts", embedder=FakeEmbedder(),
@@ -248,7 +252,8 @@ def test_fts_scores_equal_sqlite_fts5_bm25(pconn: Any, tmp_path: Path) -> None:
     embedder = FakeEmbedder()
     _bm25_corpus(lite, BM25_TEXTS, embedder)
     _bm25_corpus(pconn, BM25_TEXTS, embedder)
-    for query in ("fox badger", "the river", "cold water fish", "dawn", "otter and badger and fox"):
+    for query in ("fox badger", "the river", "cold water fish", "dawn", "otter and badger and fox",
+                  "lazy-dog", "river-otter fish", "old oak"):
         match = retrieval.build_fts_query(query)
         a = retrieval.search_fts(lite, match, collection_id=1, access_keys=[1], k=10)
         b = retrieval.search_fts(pconn, match, collection_id=1, access_keys=[1], k=10)

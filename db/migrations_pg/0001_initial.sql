@@ -104,6 +104,22 @@ CREATE TABLE chunk_vectors (
 );
 CREATE INDEX chunk_vectors_collection_access ON chunk_vectors (collection_id, acl);
 
+-- The inverted index BM25 is computed from (what FTS5 keeps in its own segments): one row per
+-- term of a chunk with its count in each column and the chunk's length, so a query reads the
+-- posting lists of its terms instead of decompressing every matching chunk's tsvector.
+-- (The tsvector and its GIN index above serve the phrase queries, "vpn-403".)
+CREATE TABLE fts_postings (
+    term          text NOT NULL,
+    chunk_id      bigint NOT NULL REFERENCES chunks(id) ON DELETE CASCADE,
+    collection_id integer NOT NULL,
+    acl           integer NOT NULL,           -- the chunk's access key, as in chunk_vectors
+    tf_heading    smallint NOT NULL,          -- occurrences in the section path column (weight A)
+    tf_body       smallint NOT NULL,          -- occurrences in the content column (weight B)
+    length        integer NOT NULL,           -- the chunk's token count (chunks.fts_length)
+    PRIMARY KEY (term, chunk_id)
+);
+CREATE INDEX fts_postings_chunk ON fts_postings (chunk_id);
+
 -- BM25 statistics over every chunk (all collections, all readers, as FTS5's own): documents per
 -- term and the total token count, kept by statement triggers in the writer's transaction.
 CREATE TABLE fts_terms (

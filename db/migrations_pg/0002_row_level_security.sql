@@ -21,7 +21,7 @@ CREATE FUNCTION rag_access_keys() RETURNS bigint[] LANGUAGE sql STABLE
     RETURN coalesce(nullif(current_setting('rag.access_keys', true), ''), '{}')::bigint[];
 
 GRANT USAGE ON SCHEMA public TO rag_reader;
-GRANT SELECT ON meta, collections, access_keys, documents, chunks, chunk_vectors, fts_terms, fts_totals
+GRANT SELECT ON meta, collections, access_keys, documents, chunks, chunk_vectors, fts_postings, fts_terms, fts_totals
     TO rag_reader;
 GRANT EXECUTE ON FUNCTION rag_access_keys() TO rag_reader;
 
@@ -36,10 +36,13 @@ GRANT EXECUTE ON FUNCTION rag_phrase_docs(tsquery) TO rag_reader;
 ALTER TABLE documents ENABLE ROW LEVEL SECURITY;
 ALTER TABLE chunks ENABLE ROW LEVEL SECURITY;
 ALTER TABLE chunk_vectors ENABLE ROW LEVEL SECURITY;
+ALTER TABLE fts_postings ENABLE ROW LEVEL SECURITY;
 
 CREATE POLICY documents_reader ON documents FOR SELECT TO rag_reader
     USING (access_key = ANY (rag_access_keys()));
 CREATE POLICY chunks_reader ON chunks FOR SELECT TO rag_reader
     USING (access_key = ANY (rag_access_keys()));
 CREATE POLICY chunk_vectors_reader ON chunk_vectors FOR SELECT TO rag_reader
+    USING (acl = ANY (rag_access_keys()));
+CREATE POLICY fts_postings_reader ON fts_postings FOR SELECT TO rag_reader
     USING (acl = ANY (rag_access_keys()));
