@@ -117,11 +117,12 @@ def crossover(conn: pg.PgConnection, collection: str, vectors: np.ndarray, k: in
     total = int(conn.query("SELECT count(*) FROM chunk_vectors WHERE collection_id = %s", (coll.id,))[0][0])
     key_sets = {
         0.01: ["s1"], 0.05: ["s1", "s5"], 0.20: ["s1", "s5", "s20"],
-        1.0: ["s1", "s5", "s20", "all", "hr"],
+        1.0: [],  # every key
     }
     out = []
     for share in SHARES:
-        keys = store.visible_access_keys(conn, key_sets[share]) if share < 1 else [
+        # the groups' own keys: a reader's visible_access_keys would add every public document
+        keys = [store.access_key(conn, [group]) for group in key_sets[share]] if share < 1 else [
             int(r[0]) for r in conn.query("SELECT id FROM access_keys")]
         visible = int(conn.query("SELECT count(*) FROM chunk_vectors WHERE collection_id = %s AND acl = ANY(%s)",
                                  (coll.id, keys))[0][0])
