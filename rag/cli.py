@@ -935,7 +935,16 @@ def _user_line(user: Any) -> str:
     return f"{user.name:20} {user.role:7} {state:8} groups: {', '.join(user.groups)}"
 
 
+def _team_mode_needs_sqlite(settings: Settings) -> None:
+    from rag.config import is_database_url
+
+    if is_database_url(settings.db_path):
+        raise RagError("team mode (users, sign-in, audit log) is not available on PostgreSQL yet: use an SQLite "
+                       "database for it (docs/architecture.md, PostgreSQL)")
+
+
 def cmd_users(args: argparse.Namespace, resources: Resources) -> int:
+    _team_mode_needs_sqlite(resources.settings)
     handler: Handler = args.users_handler
     return handler(args, resources)
 
@@ -1137,6 +1146,7 @@ def cmd_serve(args: argparse.Namespace, resources: Resources, launch: Launcher |
     team = bool(args.team or settings.auth)
     db_flag = f" --db {args.db}" if args.db else ""
     if team:
+        _team_mode_needs_sqlite(settings)
         from rag import auth, store
 
         has_admin = False

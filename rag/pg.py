@@ -171,13 +171,14 @@ def is_postgres(conn: Any) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL without its password (in the authority or as ``?password=``), for messages."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+    query = re.sub(r"(?i)(^|&)password=[^&]*", r"\1password=***", parts.query)
+    netloc = parts.netloc
+    if parts.password is not None:
+        host = netloc.rsplit("@", 1)[-1]
+        netloc = f"{parts.username or ''}:***@{host}"
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -811,6 +811,15 @@ def set_meta(conn: Connection, key: str, value: str) -> None:
                  (key, value))
 
 
+def display_location(location: str | Path) -> str:
+    """The database as shown to people: a file path, or a PostgreSQL URL without its password."""
+    if is_database_url(location):
+        from rag import pg
+
+        return pg.redact(str(location))
+    return str(location)
+
+
 def database_exists(location: str | Path) -> bool:
     """Whether there is a database to read at ``location``: an SQLite file, or any PostgreSQL URL
     (the server says whether it exists when it is opened)."""

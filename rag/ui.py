@@ -218,7 +218,7 @@ def draw_frame(settings: Settings, conn: store.Connection, data: FrameData) -> V
             st.page_link(link.path, label=link.title, icon=link.icon)
         st.divider()
         st.caption("Database")
-        st.code(str(settings.db_path), language=None, wrap_lines=True)
+        st.code(store.display_location(settings.db_path), language=None, wrap_lines=True)
         collection = st.selectbox("Collection", collections, key="collection")
         reader = st.multiselect(
             "Viewing as",

@@ -140,6 +140,18 @@ def test_a_server_that_cannot_be_reached_is_one_clear_error(tmp_path: Path) -> N
     assert "secret" not in str(caught.value)
 
 
+def test_passwords_never_reach_messages() -> None:
+    assert pg.redact("postgresql://desk:s3cret@db:5432/desk") == "postgresql://desk:***@db:5432/desk"
+    assert pg.redact("postgresql://desk@/desk?host=/run&password=s3cret") == (
+        "postgresql://desk@/desk?host=/run&password=***")
+    assert store.display_location("postgresql://a:b@h/d") == "postgresql://a:***@h/d"
+
+
+def test_team_mode_is_refused_on_postgres(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["users", "list", "--db", pg_url]) == 1
+    assert "not available on PostgreSQL yet" in capsys.readouterr().err
+
+
 def test_cli_errors_from_the_server_are_one_line(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--db", pg_url.replace("/test_", "/missing_")]) == 1
     err = capsys.readouterr().err
@@ -207,6 +219,26 @@ def test_search_runs_as_the_reader(indexed: Any, pg_url: str, monkeypatch: pytes
         hits = search(indexed, "salary band cap for paid vacation payouts", embedder=FakeEmbedder(),
                       settings=settings, stage=stage, k=50)
         assert hits and not {h.source for h in hits} & set(FORBIDDEN)
+
+
+def test_vector_counts_follow_writes_access_changes_and_deletes(indexed: Any) -> None:
+    """The counts that choose exact scan or HNSW equal the rows through every kind of change."""
+
+    def counts() -> tuple[dict[int, int], dict[int, int]]:
+        kept = {int(r[0]): int(r[1]) for r in indexed.query("SELECT acl, vectors FROM vector_counts") if r[1]}
+        real = {int(r[0]): int(r[1]) for r in indexed.query("SELECT acl, count(*) FROM chunk_vectors GROUP BY acl")}
+        return kept, real
+
+    kept, real = counts()
+    assert kept == real and len(real) == 2
+    coll = store.require_collection(indexed, "default")
+    doc = store.find_document(indexed, coll.id, "handbook/leave.md")
+    store.update_document_groups(indexed, coll, int(doc["id"]), ["finance"])
+    kept, real = counts()
+    assert kept == real and len(real) == 3
+    store.delete_document(indexed, int(store.find_document(indexed, coll.id, "hr/salary.md")["id"]))
+    kept, real = counts()
+    assert kept == real
 
 
 # ---------------------------------------------------------------------------------------------

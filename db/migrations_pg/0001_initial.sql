@@ -104,6 +104,50 @@ CREATE TABLE chunk_vectors (
 );
 CREATE INDEX chunk_vectors_collection_access ON chunk_vectors (collection_id, acl);
 
+-- Vectors per (collection, dimension, access key), kept by statement triggers: how many vectors a
+-- reader sees decides between the exact scan and HNSW (rag.pg_retrieval), without counting rows.
+CREATE TABLE vector_counts (
+    collection_id bigint NOT NULL,
+    dimension     integer NOT NULL,
+    acl           bigint NOT NULL,
+    vectors       bigint NOT NULL,
+    PRIMARY KEY (collection_id, dimension, acl)
+);
+
+CREATE FUNCTION vector_counts_add() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO vector_counts (collection_id, dimension, acl, vectors)
+    SELECT collection_id, dimension, acl, count(*) FROM new_rows GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    ON CONFLICT (collection_id, dimension, acl) DO UPDATE SET vectors = vector_counts.vectors + excluded.vectors;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION vector_counts_remove() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE vector_counts c SET vectors = c.vectors - o.n
+    FROM (SELECT collection_id, dimension, acl, count(*) AS n FROM old_rows GROUP BY 1, 2, 3) AS o
+    WHERE (c.collection_id, c.dimension, c.acl) = (o.collection_id, o.dimension, o.acl);
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION vector_counts_move() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE vector_counts c SET vectors = c.vectors - o.n
+    FROM (SELECT collection_id, dimension, acl, count(*) AS n FROM old_rows GROUP BY 1, 2, 3) AS o
+    WHERE (c.collection_id, c.dimension, c.acl) = (o.collection_id, o.dimension, o.acl);
+    INSERT INTO vector_counts (collection_id, dimension, acl, vectors)
+    SELECT collection_id, dimension, acl, count(*) FROM new_rows GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    ON CONFLICT (collection_id, dimension, acl) DO UPDATE SET vectors = vector_counts.vectors + excluded.vectors;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER chunk_vectors_ai AFTER INSERT ON chunk_vectors REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION vector_counts_add();
+CREATE TRIGGER chunk_vectors_ad AFTER DELETE ON chunk_vectors REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION vector_counts_remove();
+CREATE TRIGGER chunk_vectors_au AFTER UPDATE ON chunk_vectors REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION vector_counts_move();
+
 -- The inverted index BM25 is computed from (what FTS5 keeps in its own segments): one row per
 -- term of a chunk with its count in each column and the chunk's length, so a query reads the
 -- posting lists of its terms instead of decompressing every matching chunk's tsvector.

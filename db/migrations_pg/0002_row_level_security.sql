@@ -21,7 +21,8 @@ CREATE FUNCTION rag_access_keys() RETURNS bigint[] LANGUAGE sql STABLE
     RETURN coalesce(nullif(current_setting('rag.access_keys', true), ''), '{}')::bigint[];
 
 GRANT USAGE ON SCHEMA public TO rag_reader;
-GRANT SELECT ON meta, collections, access_keys, documents, chunks, chunk_vectors, fts_postings, fts_terms, fts_totals
+GRANT SELECT ON meta, collections, access_keys, documents, chunks, chunk_vectors, fts_postings, fts_terms, fts_totals,
+    vector_counts
     TO rag_reader;
 GRANT EXECUTE ON FUNCTION rag_access_keys() TO rag_reader;
 
