@@ -159,9 +159,14 @@ CREATE TABLE fts_postings (
     acl           integer NOT NULL,           -- the chunk's access key, as in chunk_vectors
     tf_heading    smallint NOT NULL,          -- occurrences in the section path column (weight A)
     tf_body       smallint NOT NULL,          -- occurrences in the content column (weight B)
-    length        integer NOT NULL,           -- the chunk's token count (chunks.fts_length)
-    PRIMARY KEY (term, chunk_id)
+    length        integer NOT NULL            -- the chunk's token count (chunks.fts_length)
 );
+-- A term's posting list is one contiguous index range holding every column a query reads, so it
+-- is read by an index-only scan: at 100k chunks a 12-keyword question read 125k postings in 62 ms
+-- this way and in 851 ms through the heap (one page per posting). Index-only scans need the
+-- visibility map, kept by (auto)vacuum: run VACUUM ANALYZE after a bulk load.
+CREATE INDEX fts_postings_scan ON fts_postings (term) INCLUDE (collection_id, acl, chunk_id, tf_heading, tf_body,
+    length);
 CREATE INDEX fts_postings_chunk ON fts_postings (chunk_id);
 
 -- BM25 statistics over every chunk (all collections, all readers, as FTS5's own): documents per
