@@ -178,6 +178,10 @@ def pending_migrations(conn: Connection) -> list[Migration]:
 
 def migrate(conn: Connection, stop_before: str | None = None) -> list[str]:
     """Apply pending migrations in order, each in one transaction; return the names applied."""
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.migrate(conn, stop_before)
     applied = []
     for migration in pending_migrations(conn):
         if stop_before is not None and migration.name == stop_before:

@@ -25,6 +25,12 @@ from rag.records import Answer, Citation, Hit, Sentence
 
 from .fakes import FakeLLM
 
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_db
+
 PORT_Q = "How do I start the app on another port?"
 DEFAULT_Q = "And which port does it use by default?"
 
