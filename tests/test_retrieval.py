@@ -549,6 +549,7 @@ def test_dense_sql_names_every_mode() -> None:
 
 
 @pytest.mark.slow
+@SQLITE_ONLY  # reads vec0 (PostgreSQL's distances: tests/test_pg.py, same hits on both backends)
 def test_cosine_distance_is_half_squared_l2_on_real_vectors(
     conn: store.Connection, settings: Settings, real_embedder, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
