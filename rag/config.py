@@ -22,6 +22,21 @@ DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "rag-desk"
 CONFIG_FILE_NAME = "rag.toml"
 
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_database_url(location: str | Path) -> bool:
+    """Whether a database argument names a PostgreSQL server rather than an SQLite file."""
+    return isinstance(location, str) and location.lower().startswith(POSTGRES_SCHEMES)
+
+
+def database_location(raw: str) -> Path | str:
+    """A ``--db`` / ``RAG_DB`` / ``db_path`` value: a PostgreSQL URL stays a str (``Path`` would fold
+    its ``//``), anything else is an SQLite file path."""
+    text = raw.strip()
+    return text if is_database_url(text) else Path(text).expanduser()
+
+
 def data_dir() -> Path:
     """The directory for the default database, assembled models and run files."""
     return Path(os.environ.get("RAG_DATA_DIR", str(DEFAULT_DATA_DIR))).expanduser()
@@ -30,7 +45,8 @@ def data_dir() -> Path:
 @dataclass(frozen=True, slots=True)
 class Settings:
     # --- storage ---
-    db_path: Path = dataclasses.field(default_factory=lambda: data_dir() / "rag.db")  # the one SQLite file
+    # The SQLite file, or a PostgreSQL URL (postgresql://user@host:5432/desk; rag.pg) kept as a str
+    db_path: Path | str = dataclasses.field(default_factory=lambda: data_dir() / "rag.db")
     collection: str = "default"  # collection used when none is named
     # --- ingest ---
     # Embedder of NEW collections (an existing one keeps its own): "auto" (the default since issue 16:
@@ -147,6 +163,8 @@ def _coerce(name: str, raw: Any, origin: str) -> Any:
     try:
         if kind == "Path":
             return Path(str(raw)).expanduser()
+        if kind == "Path | str":
+            return database_location(str(raw))
         if kind == "int":
             if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
                 raise ValueError(raw)
@@ -232,7 +250,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         if env is not None:
             values[name] = _coerce(name, env, f"RAG_{name.upper()}")
     if "RAG_DB" in os.environ:
-        values["db_path"] = Path(os.environ["RAG_DB"]).expanduser()
+        values["db_path"] = database_location(os.environ["RAG_DB"])
     for key, raw in overrides.items():
         if raw is None:
             continue

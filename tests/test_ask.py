@@ -17,6 +17,12 @@ from rag.records import Answer, Hit, Retrieved
 from .conftest import GUIDE
 from .fakes import FailingLLM, FakeEmbedder, FakeLLM
 
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py), but the SQLITE_ONLY ones."""
+    return backend_db
+
 PAGES = {
     "parking.md": "# Parking\n\n## Garage\n\nThe garage closes at 7 pm on weekdays. It is closed on public holidays.\n",
     "office.md": "# Office\n\n## Access\n\nThe office opens at 8 am. Visitors must sign in at the front desk.\n",

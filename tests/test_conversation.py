@@ -23,7 +23,14 @@ from rag.conversation import (
 )
 from rag.records import Answer, Citation, Hit, Sentence
 
+from .conftest import SQLITE_ONLY
 from .fakes import FakeLLM
+
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_db
 
 PORT_Q = "How do I start the app on another port?"
 DEFAULT_Q = "And which port does it use by default?"
@@ -108,6 +115,7 @@ def test_an_answer_survives_its_json() -> None:
     assert answer_from_json(answer_to_json(answer)) == answer
 
 
+@SQLITE_ONLY  # SQLite's migration; PostgreSQL's schema: db/migrations_pg/0003_eval_runs_chat.sql
 def test_migration_0006_creates_the_chat_table_with_exact_columns(conn: store.Connection) -> None:
     assert "0006_chat" in store.applied_migrations(conn)
     columns = [r["name"] for r in conn.execute("PRAGMA table_info(chat_turns)")]

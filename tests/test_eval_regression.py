@@ -38,12 +38,13 @@ TOLERANCE = 2  # queries allowed to flip from pass to fail at R@8, per stage
 
 
 @pytest.mark.slow
-def test_demo_corpus_has_no_leaks_and_no_regressions(tmp_path: Path, real_embedder: Any) -> None:
+def test_demo_corpus_has_no_leaks_and_no_regressions(backend_db: Path | str, real_embedder: Any) -> None:
+    """On both backends (SQLite file, PostgreSQL server: tests/conftest.py)."""
     for needed in (GUIDE, GOLDEN, BASELINE):
         if not needed.exists():
             pytest.skip(f"{needed.relative_to(ROOT)} is missing (see this module's docstring to generate it)")
     baseline = EvalReport.from_json(json.loads(BASELINE.read_text(encoding="utf-8")))
-    settings = load_settings(db_path=tmp_path / "guide.db")
+    settings = load_settings(db_path=backend_db)
     conn = store.open_db(settings.db_path)
     try:
         ingest(conn, [GUIDE], settings=settings, embedder=real_embedder, acl=load_acl(ACL if ACL.exists() else None))

@@ -20,6 +20,12 @@ from .fakes import FakeEmbedder
 
 
 @pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_db
+
+
+@pytest.fixture
 def golden() -> Golden:
     return parse_golden(GOLDEN, "golden_test", "f" * 64)
 

@@ -12,7 +12,14 @@ from rag.config import Settings
 from rag.errors import IndexMismatchError, RagError
 from rag.ingest import AclRules, document_statuses, ingest, load_acl, reindex, retry_failed_documents
 
+from .conftest import vector_access_keys
 from .fakes import FakeEmbedder
+
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py), but the SQLITE_ONLY ones."""
+    return backend_db
 
 
 def write(folder: Path, name: str, text: str | bytes) -> Path:
@@ -224,11 +231,8 @@ def test_another_embedding_model_is_refused_then_reindex_switches(
     assert report.count("ok") == 3
     coll = store.require_collection(conn, settings.collection)
     assert (coll.embedder, coll.dimension) == ("fake/other", 32)
-    assert (
-        conn.execute("SELECT count(*) FROM vec_chunks_32").fetchone()[0]
-        == conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
-    )
-    assert conn.execute("SELECT count(*) FROM vec_chunks_64").fetchone()[0] == 0
+    assert len(vector_access_keys(conn, 32)) == conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    assert vector_access_keys(conn, 64) == []
     assert [c.name for c in store.list_collections(conn)] == [settings.collection]
     # and now the new model is the one accepted
     assert ingest(conn, [corpus], settings=settings, embedder=other).count("unchanged") == 3

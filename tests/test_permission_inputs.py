@@ -17,6 +17,12 @@ from rag.retrieval import search
 
 from .fakes import FakeEmbedder
 
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py), but the SQLITE_ONLY ones."""
+    return backend_db
+
 SECRET = "LAYOFFTOKEN"
 
 

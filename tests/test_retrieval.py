@@ -35,7 +35,14 @@ from rag.retrieval import (
 )
 from rag.text import fold
 
+from .conftest import SQLITE_ONLY
 from .fakes import FakeEmbedder
+
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py), but the SQLITE_ONLY ones."""
+    return backend_db
 
 CORPUS = {
     "handbook/leave.md": (
@@ -242,6 +249,7 @@ ACCESS_CONDITIONS = {
 }
 
 
+@SQLITE_ONLY  # PostgreSQL's counterpart: tests/test_pg.py (row-level security with the filter removed)
 @pytest.mark.parametrize("stage", ["dense", "fts", "hybrid"])
 def test_the_leak_check_can_fail_without_the_filter(
     corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, monkeypatch: pytest.MonkeyPatch,
@@ -397,6 +405,7 @@ def test_heading_column_weighs_more_than_body(conn: store.Connection, fake_embed
 # Dense branch
 
 
+@SQLITE_ONLY  # SQLite's vec0 / Hamming machinery
 def test_binary_prefilter_with_enough_candidates_equals_exact(
     corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
 ) -> None:
@@ -418,6 +427,7 @@ def sixty_notes(
     return store.require_collection(conn, settings.collection), fake_embedder.embed_queries(["topic 3 item 5"])[0]
 
 
+@SQLITE_ONLY  # SQLite's vec0 / Hamming machinery
 def test_binary_prefilter_rescores_only_its_candidates(
     conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
 ) -> None:
@@ -473,6 +483,7 @@ def test_query_code_words_pack_sign_bits_little_endian() -> None:
     assert words.tolist() == [0b101, 0b111111]
 
 
+@SQLITE_ONLY  # SQLite's vec0 / Hamming machinery
 def test_hamming_with_enough_candidates_equals_exact(
     corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
 ) -> None:
@@ -487,6 +498,7 @@ def test_hamming_with_enough_candidates_equals_exact(
         assert {c for c, d in fast if d < last - 1e-6} == {c for c, d in exact if d < last - 1e-6}
 
 
+@SQLITE_ONLY  # SQLite's vec0 / Hamming machinery
 def test_hamming_rescores_only_its_nearest_codes(
     conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
 ) -> None:
@@ -529,6 +541,7 @@ def test_hamming_codes_reload_when_vectors_change(
                                      groups=["hr"])] == ["a.md"]
 
 
+@SQLITE_ONLY  # SQLite's vec0 / Hamming machinery
 def test_hamming_codes_are_cached_per_version(
     corpus: store.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -549,6 +562,7 @@ def test_hamming_codes_are_cached_per_version(
     assert retrieval.hamming_codes(corpus, coll.id, [1, 2]) is not first and len(reads) == 3
 
 
+@SQLITE_ONLY  # SQLite's vec0 / Hamming machinery
 def test_hamming_and_fts_queries_use_the_intended_plans(conn: store.Connection) -> None:
     """The rescoring and distance lookups go by rowid, and FTS5 is the outer loop of the sparse query
     (with chunks outer, SQLite re-ran the MATCH once per chunk of the collection)."""
@@ -570,6 +584,7 @@ def test_dense_sql_names_every_mode() -> None:
 
 
 @pytest.mark.slow
+@SQLITE_ONLY  # reads vec0 (PostgreSQL's distances: tests/test_pg.py, same hits on both backends)
 def test_cosine_distance_is_half_squared_l2_on_real_vectors(
     conn: store.Connection, settings: Settings, real_embedder, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:

@@ -12,6 +12,14 @@ from rag import store
 from rag.errors import ExtensionLoadError, IndexMismatchError
 from rag.records import Chunk
 
+from .conftest import SQLITE_ONLY, database_error, vector_access_keys
+
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py), but the SQLITE_ONLY ones."""
+    return backend_db
+
 EXPECTED_COLUMNS = {
     "meta": ["key", "value"],
     "collections": ["id", "name", "embedder", "dimension", "metric", "strategy", "max_distance", "created_at"],
@@ -64,6 +72,7 @@ def columns(conn: store.Connection, table: str) -> list[str]:
     return [r["name"] for r in conn.execute(f"PRAGMA table_info({table})")]
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_migrations_on_blank_db_create_exact_columns(db_path: Path) -> None:
     conn = store.connect(db_path)
     applied = store.migrate(conn)
@@ -80,6 +89,7 @@ def test_migrations_on_blank_db_create_exact_columns(db_path: Path) -> None:
     assert store.applied_migrations(conn) == applied
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_migrate_stop_before_leaves_later_migrations_pending(db_path: Path) -> None:
     conn = store.connect(db_path)
     names = [m.name for m in store.all_migrations()]
@@ -92,6 +102,7 @@ def test_migrate_stop_before_leaves_later_migrations_pending(db_path: Path) -> N
     assert [m.name for m in store.pending_migrations(conn)] == names[1:]
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_connect_sets_wal_foreign_keys_and_loads_sqlite_vec(conn: store.Connection) -> None:
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
@@ -162,6 +173,7 @@ def _unit(dim: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_vec0_group_filter_runs_inside_knn(conn: store.Connection) -> None:
     """A reader who may see few chunks still gets k of them: the filter is not a post-filter."""
     coll = store.create_collection(conn, "c", "fake", 8)
@@ -217,6 +229,7 @@ def _fts_ids(conn: store.Connection, term: str) -> set[int]:
     return {r[0] for r in conn.execute("SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?", (f'"{term}"',))}
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_fts_triggers_stay_in_sync_on_insert_update_delete(conn: store.Connection) -> None:
     coll = store.create_collection(conn, "c", "fake", 8)
     text = "zebra crossing\n\nyellow submarine"
@@ -246,13 +259,14 @@ def test_replace_document_is_atomic_when_an_exception_hits_midway(conn: store.Co
     new = "new one\n\nnew two\n\nnew three"
     rows = _rows(new, [_unit(8, 3), _unit(8, 4), _unit(8, 5)])
     bad = [*rows[:2], store.StoredChunk(rows[2].chunk, np.zeros(3, np.float32), "x", "y")]  # wrong dimension
-    with pytest.raises(store.sqlite.Error):
+    with pytest.raises(database_error(conn)):
         store.replace_document(conn, coll, _version("a.md", new, ["all"]), bad)
     doc = conn.execute("SELECT * FROM documents WHERE source = 'a.md'").fetchone()
     assert doc["canonical_text"] == old and doc["status"] == "ok" and doc["chunk_count"] == 2
     assert [r["content"] for r in store.chunk_rows(conn, doc["id"])] == ["first version", "second paragraph"]
-    assert conn.execute("SELECT count(*) FROM vec_chunks_8").fetchone()[0] == 2
-    assert len(_fts_ids(conn, "first")) == 1 and _fts_ids(conn, "new") == set()
+    assert vector_access_keys(conn, 8) == [1, 1]
+    if not store.is_postgres(conn):
+        assert len(_fts_ids(conn, "first")) == 1 and _fts_ids(conn, "new") == set()
 
 
 def test_chunk_count_is_written_by_the_server(conn: store.Connection) -> None:
@@ -278,7 +292,7 @@ def test_update_groups_moves_vectors_to_the_new_access_key(conn: store.Connectio
     doc_id = store.replace_document(conn, coll, _version("p.md", text, ["all"]), _rows(text, [_unit(8, 1)]))
     store.update_document_groups(conn, coll, doc_id, ["hr"])
     hr = store.access_key(conn, ["hr"])
-    assert {r[0] for r in conn.execute("SELECT acl FROM vec_chunks_8")} == {hr}
+    assert set(vector_access_keys(conn, 8)) == {hr}
     assert {r[0] for r in conn.execute("SELECT access_key FROM chunks")} == {hr}
 
 
@@ -296,6 +310,7 @@ def _version_of(conn: store.Connection, collection_id: int) -> int:
     return int(row[0]) if row else 0
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_sign_bits_match_sqlite_vec_quantize_binary(conn: store.Connection) -> None:
     for seed in range(5):
         vector = _unit(64, seed)
@@ -304,6 +319,7 @@ def test_sign_bits_match_sqlite_vec_quantize_binary(conn: store.Connection) -> N
     assert store.sign_bits(np.array([1.0, -1.0, 0.0, 2.0] + [0.0] * 6, dtype=np.float32)) == bytes([0b1001, 0])
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_chunk_vectors_mirror_vec0_through_replace_groups_and_delete(conn: store.Connection) -> None:
     coll = store.create_collection(conn, "c", "fake", 8)
     text = "alpha one\n\nbeta two"
@@ -328,6 +344,7 @@ def test_chunk_vectors_mirror_vec0_through_replace_groups_and_delete(conn: store
     assert _plain_rows(conn) == {}
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_chunk_vectors_go_with_their_chunks_and_collection(conn: store.Connection) -> None:
     coll = store.create_collection(conn, "c", "fake", 8)
     a = store.replace_document(conn, coll, _version("a.md", "x\n\ny", ["all"]),
@@ -340,6 +357,7 @@ def test_chunk_vectors_go_with_their_chunks_and_collection(conn: store.Connectio
     assert _plain_rows(conn) == {}
 
 
+@SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
 def test_migration_0004_backfills_chunk_vectors_from_vec0(db_path: Path) -> None:
     conn = store.open_db(db_path)
     coll = store.create_collection(conn, "c", "fake", 8)

@@ -1,0 +1,1 @@
+"""Numbered schema migrations for a rag-desk PostgreSQL database (applied by ``rag.pg.migrate``)."""

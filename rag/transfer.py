@@ -1,0 +1,163 @@
+"""``rag migrate SRC DEST``: copy collections between databases of either backend.
+
+Documents are copied with their chunks, folded FTS texts and stored vectors (nothing is
+re-embedded), each through ``store.replace_document``, so each lands in ONE transaction on the
+destination and an interrupted copy leaves whole documents only. Run it again to resume: a
+document already in DEST with the same content hash, status and chunk count is skipped.
+Afterwards the copy is verified by counts (documents, chunks per collection) and by the SHA-256
+of a sample of vectors, matched by (source, ordinal).
+
+Permissions travel as they are: a document's groups, and a withheld document (failed, its
+permissions unknown) stays withheld. Evaluation history, chats and team-mode users are not copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rag import store
+from rag.errors import IndexMismatchError
+from rag.records import Chunk, Collection
+
+VERIFY_SAMPLE = 200  # vectors whose checksums are compared per collection
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionCopy:
+    name: str
+    copied: int  # documents written to DEST this run
+    skipped: int  # documents DEST already held unchanged (a resumed copy)
+    documents: tuple[int, int]  # (SRC, DEST) document counts after the copy
+    chunks: tuple[int, int]  # (SRC, DEST) chunk counts
+    vectors_checked: int
+    vectors_differing: list[str] = field(default_factory=list)  # "source#ordinal" whose checksums differ
+
+    @property
+    def verified(self) -> bool:
+        return (self.documents[0] == self.documents[1] and self.chunks[0] == self.chunks[1]
+                and not self.vectors_differing)
+
+
+def vector_checksum(vector: np.ndarray) -> str:
+    """SHA-256 of a vector's float32 little-endian bytes (``store.serialize_vector``)."""
+    return hashlib.sha256(store.serialize_vector(vector)).hexdigest()
+
+
+def _target_collection(dest: store.Connection, source: Collection) -> Collection:
+    found = store.get_collection(dest, source.name)
+    if found is None:
+        return store.create_collection(dest, source.name, source.embedder, source.dimension, source.strategy,
+                                       source.metric, source.max_distance)
+    if (found.embedder, found.dimension) != (source.embedder, source.dimension):
+        raise IndexMismatchError(
+            f"collection {source.name!r} exists in the destination with embedding model {found.embedder!r} "
+            f"({found.dimension}-d), the source's is {source.embedder!r} ({source.dimension}-d): copy it under "
+            "another name or into another database"
+        )
+    return found
+
+
+def _unchanged(row: Any, existing: Any | None) -> bool:
+    return existing is not None and all(existing[k] == row[k] for k in ("content_hash", "status", "chunk_count",
+                                                                         "groups"))
+
+
+def _copy_document(src: store.Connection, dest: store.Connection, source: Collection, target: Collection,
+                   row: Any) -> None:
+    groups = json.loads(row["groups"])
+    if not groups:
+        # Withheld (failed, its permissions unknown): no reader may see its old chunks, so they are
+        # not copied (the next ingest of a readable file rebuilds them); the failure record is.
+        store.record_failure(dest, target, row["source"], row["path"], None, row["bytes_hash"] or "",
+                             row["content_hash"] or "", row["error"] or "failed in the source database")
+        return
+    chunk_rows = store.chunk_rows(src, int(row["id"]))
+    if chunk_rows:
+        vectors = store.chunk_vectors(src, source.dimension, [int(c["id"]) for c in chunk_rows])
+        version = store.DocumentVersion(
+            source=row["source"], path=row["path"], title=row["title"], groups=groups,
+            content_hash=row["content_hash"] or "", bytes_hash=row["bytes_hash"] or "",
+            canonical_text=row["canonical_text"] or "", extractor=row["extractor"] or "",
+            extractor_version=row["extractor_version"] or "", embedder=target.embedder,
+            dimension=target.dimension, pipeline_version=row["pipeline_version"] or "",
+        )
+        stored = [
+            store.StoredChunk(
+                Chunk(ordinal=c["ordinal"], section=c["section"], content=c["content"], text=c["text"],
+                      char_from=c["char_from"], char_to=c["char_to"], page=c["page"], token_count=c["token_count"],
+                      truncated=bool(c["truncated"]), kind=c["kind"]),
+                vectors[int(c["id"])], c["fts_heading"], c["fts_body"],
+            )
+            for c in chunk_rows
+        ]
+        store.replace_document(dest, target, version, stored)
+    if row["status"] == "failed":  # its last good version stays searchable, as in the source
+        store.record_failure(dest, target, row["source"], row["path"], groups, row["bytes_hash"] or "",
+                             row["content_hash"] or "", row["error"] or "failed in the source database")
+
+
+# Chunks of withheld documents are not copied (see _copy_document), so neither side counts them.
+COUNTS_SQL = """
+SELECT (SELECT count(*) FROM documents WHERE collection_id = :collection),
+       (SELECT count(*) FROM chunks k JOIN documents d ON d.id = k.document_id
+        WHERE k.collection_id = :collection AND d.groups <> '[]')
+"""
+
+
+def _counts(conn: store.Connection, collection_id: int) -> tuple[int, int]:
+    docs, chunks = conn.execute(COUNTS_SQL, {"collection": collection_id}).fetchone()
+    return int(docs), int(chunks)
+
+
+def _sample_vectors(conn: store.Connection, collection: Collection, keys: Sequence[tuple[str, int]]) -> dict[
+        tuple[str, int], str]:
+    rows = {(r["source"], int(r["ordinal"])): int(r["id"]) for r in store.chunk_rows(conn, collection=collection.name)}
+    ids = [rows[k] for k in keys if k in rows]
+    vectors = store.chunk_vectors(conn, collection.dimension, ids)
+    by_id = {v: k for k, v in rows.items()}
+    return {by_id[i]: vector_checksum(v) for i, v in vectors.items()}
+
+
+def copy_collections(
+    src: store.Connection, dest: store.Connection, collections: Sequence[str] | None = None, *,
+    sample: int = VERIFY_SAMPLE, seed: int = 1337, progress: Callable[[str, int, int], None] | None = None,
+) -> list[CollectionCopy]:
+    """Copy ``collections`` (default: all) from ``src`` to ``dest`` and verify the copy.
+
+    Raises NotFoundError for an unknown collection name, IndexMismatchError when DEST holds a
+    collection of that name built with another embedding model.
+    """
+    names = list(collections) if collections else [c.name for c in store.list_collections(src)]
+    reports = []
+    for name in names:
+        source = store.require_collection(src, name)
+        target = _target_collection(dest, source)
+        rows = store.document_rows(src, name)
+        withheld = store.withheld_access_key(src) if any(r["groups"] == store.WITHHELD_GROUPS for r in rows) else None
+        copied = skipped = 0
+        for i, row in enumerate(rows, start=1):
+            if _unchanged(row, store.find_document(dest, target.id, row["source"])):
+                skipped += 1
+            else:
+                _copy_document(src, dest, source, target, row)
+                copied += 1
+            if progress is not None:
+                progress(name, i, len(rows))
+        keys = [(r["source"], int(r["ordinal"])) for r in store.chunk_rows(src, collection=name)
+                if r["access_key"] != withheld]
+        picked = random.Random(seed).sample(keys, min(sample, len(keys)))
+        theirs = _sample_vectors(src, source, picked)
+        ours = _sample_vectors(dest, target, picked)
+        differing = sorted(f"{s}#{o}" for s, o in picked if theirs.get((s, o)) != ours.get((s, o)))
+        src_docs, src_chunks = _counts(src, source.id)
+        dest_docs, dest_chunks = _counts(dest, target.id)
+        reports.append(CollectionCopy(name, copied, skipped, (src_docs, dest_docs), (src_chunks, dest_chunks),
+                                      len(picked), differing))
+    return reports
