@@ -401,6 +401,13 @@ FROM unnest(%(chunk_id)s::bigint[], %(embedding)s::text[]) AS v(chunk_id, embedd
 """
 
 
+INSERT_WINDOWS = """
+INSERT INTO window_vectors (chunk_id, ordinal, acl, embedding)
+SELECT w.chunk_id, w.ordinal, %(key)s, w.embedding::vector
+FROM unnest(%(chunk_id)s::bigint[], %(ordinal)s::int[], %(embedding)s::text[]) AS w(chunk_id, ordinal, embedding)
+"""
+
+
 def replace_document(
     conn: PgConnection, collection: Collection, version: DocumentVersion, chunks: Sequence[StoredChunk],
     key: int, params: dict[str, Any],
@@ -443,6 +450,11 @@ def replace_document(
             "chunk_id": [ids[s.chunk.ordinal] for s in chunks],
             "embedding": [vector_literal(s.vector) for s in chunks],
         })
+        windows = [(ids[s.chunk.ordinal], i, vector_literal(v)) for s in chunks if s.windows is not None
+                   for i, v in enumerate(np.asarray(s.windows))]
+        if windows:
+            conn.query(INSERT_WINDOWS, {"key": key, "chunk_id": [w[0] for w in windows],
+                                        "ordinal": [w[1] for w in windows], "embedding": [w[2] for w in windows]})
     conn.query("UPDATE documents SET status = 'ok', chunk_count = %(n)s WHERE id = %(id)s",
                {"n": len(chunks), "id": document_id})
     return document_id
@@ -456,13 +468,15 @@ def chunk_vectors(conn: PgConnection, chunk_ids: Sequence[int]) -> dict[int, np.
 
 def set_vector_access(conn: PgConnection, document_id: int, key: int) -> None:
     """The new access key on a document's vectors and postings (its chunks are done by the caller)."""
-    for table in ("chunk_vectors", "fts_postings"):
+    for table in ("chunk_vectors", "fts_postings", "window_vectors"):
         conn.query(f"UPDATE {table} SET acl = %s WHERE chunk_id IN (SELECT id FROM chunks WHERE document_id = %s)",
                    (key, document_id))
 
 
 def drop_collection_vectors(conn: PgConnection, collection_id: int) -> None:
     conn.query("DELETE FROM chunk_vectors WHERE collection_id = %s", (collection_id,))
+    conn.query("DELETE FROM window_vectors WHERE chunk_id IN (SELECT id FROM chunks WHERE collection_id = %s)",
+               (collection_id,))
 
 
 def database_size(conn: PgConnection) -> int:

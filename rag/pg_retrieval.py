@@ -288,6 +288,17 @@ def fts_texts(conn: PgConnection, chunk_ids: Sequence[int]) -> dict[int, str]:
     return {int(r[0]): r[1] for r in conn.query(FTS_TEXT_SQL, {"ids": [int(i) for i in chunk_ids]})}
 
 
+WINDOW_DISTANCE_SQL = """
+SELECT chunk_id, min(embedding <=> %(query)s::vector) FROM window_vectors WHERE chunk_id = ANY(%(ids)s)
+GROUP BY chunk_id
+"""
+
+
+def window_distances(conn: PgConnection, vector: np.ndarray, chunk_ids: Sequence[int]) -> dict[int, float]:
+    rows = conn.query(WINDOW_DISTANCE_SQL, {"query": pg.vector_literal(vector), "ids": [int(i) for i in chunk_ids]})
+    return {int(r[0]): float(r[1]) for r in rows}
+
+
 def vector_distances(conn: PgConnection, vector: np.ndarray, chunk_ids: Sequence[int]) -> dict[int, float]:
     rows = conn.query(VECTOR_DISTANCE_SQL, {"query": pg.vector_literal(vector), "ids": [int(i) for i in chunk_ids]})
     return {int(r[0]): float(r[1]) for r in rows}

@@ -564,6 +564,8 @@ def window_distances(conn: store.Connection, vector: np.ndarray, chunk_ids: Sequ
     are left out)."""
     if not chunk_ids:
         return {}
+    if store.is_postgres(conn):
+        return _pg().window_distances(conn, vector, chunk_ids)
     params = {"query": store.serialize_vector(vector), "ids": json.dumps([int(i) for i in chunk_ids])}
     return {int(r[0]): float(r[1]) for r in conn.execute(WINDOW_DISTANCE_SQL, params)}
 

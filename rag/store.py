@@ -804,6 +804,28 @@ def chunk_rows(conn: Connection, document_id: int | None = None, collection: str
     return list(conn.execute(sql, params))
 
 
+def window_vectors(conn: Connection, chunk_ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """The sentence-window vectors of each chunk that has them, as (n, dimension) arrays in order."""
+    if not chunk_ids:
+        return {}
+    ids = [int(i) for i in chunk_ids]
+    if is_postgres(conn):
+        from rag import pg
+
+        rows = [(int(r[0]), pg.parse_vector(r[1])) for r in conn.query(
+            "SELECT chunk_id, embedding::text FROM window_vectors WHERE chunk_id = ANY(%s) ORDER BY chunk_id, ordinal",
+            (ids,))]
+    else:
+        marks = ",".join("?" * len(ids))
+        rows = [(int(r[0]), deserialize_vector(r[1])) for r in conn.execute(
+            f"SELECT chunk_id, embedding FROM window_vectors WHERE chunk_id IN ({marks}) ORDER BY chunk_id, ordinal",
+            ids)]
+    grouped: dict[int, list[np.ndarray]] = {}
+    for chunk_id, vector in rows:
+        grouped.setdefault(chunk_id, []).append(vector)
+    return {chunk_id: np.stack(vectors) for chunk_id, vectors in grouped.items()}
+
+
 def chunk_vectors(conn: Connection, dimension: int, chunk_ids: Sequence[int]) -> dict[int, np.ndarray]:
     """Stored float vectors by chunk id (point lookups on the vec0 table)."""
     if not chunk_ids:

@@ -81,6 +81,7 @@ def _copy_document(src: store.Connection, dest: store.Connection, source: Collec
     chunk_rows = store.chunk_rows(src, int(row["id"]))
     if chunk_rows:
         vectors = store.chunk_vectors(src, source.dimension, [int(c["id"]) for c in chunk_rows])
+        windows = store.window_vectors(src, [int(c["id"]) for c in chunk_rows])
         version = store.DocumentVersion(
             source=row["source"], path=row["path"], title=row["title"], groups=groups,
             content_hash=row["content_hash"] or "", bytes_hash=row["bytes_hash"] or "",
@@ -93,7 +94,7 @@ def _copy_document(src: store.Connection, dest: store.Connection, source: Collec
                 Chunk(ordinal=c["ordinal"], section=c["section"], content=c["content"], text=c["text"],
                       char_from=c["char_from"], char_to=c["char_to"], page=c["page"], token_count=c["token_count"],
                       truncated=bool(c["truncated"]), kind=c["kind"]),
-                vectors[int(c["id"])], c["fts_heading"], c["fts_body"],
+                vectors[int(c["id"])], c["fts_heading"], c["fts_body"], windows.get(int(c["id"])),
             )
             for c in chunk_rows
         ]
