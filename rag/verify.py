@@ -341,11 +341,14 @@ def judge(draft: Draft, sources: Sequence[Hit], threshold: float, question: str 
     cited = ", ".join(f"[{n}]" for n in draft.citations)
     everywhere: set[str] = set()
     best, best_negated, best_window = 0.0, False, frozenset[str]()
+    negated_sentence = _has_negation(draft.text)
     for n in draft.citations:
         everywhere |= content_words(sources[n - 1].content, toned)
         for window, negated in evidence_windows(sources[n - 1].content, WINDOW_SENTENCES, toned):
             score = len(words & window) / len(words)
-            if score > best:
+            # Among windows that support it as well, one that agrees on negation wins: a window
+            # whose other sentence says "cannot" does not contradict a claim its first one makes.
+            if score > best or (score == best and negated == negated_sentence and best_negated != negated):
                 best, best_negated, best_window = score, negated, window
     # A copied "Title — Section" heading (the prompt numbers each source with one) names a topic and
     # answers nothing; an instruct model given no lead copied headings for 4 of 12 questions.
@@ -358,7 +361,7 @@ def judge(draft: Draft, sources: Sequence[Hit], threshold: float, question: str 
         return Support(False, best, f"number {', '.join(missing_numbers)} not in {cited}")
     if best < threshold:
         return Support(False, best, f"overlap {best:.2f} < {threshold:.2f} with {cited}")
-    if best_negated != _has_negation(draft.text):
+    if best_negated != negated_sentence:
         change = "drops the negation of" if best_negated else "adds a negation to"
         return Support(False, best, f"{change} {cited}")
     if question is not None and not introduces(draft.text):  # an introduction stands on what follows it

@@ -158,6 +158,14 @@ def real_llm():  # type: ignore[no-untyped-def]
     return load_language_model("", n_ctx=4096, threads=0, seed=1337)
 
 
+@pytest.fixture(scope="session")
+def real_default_llm():  # type: ignore[no-untyped-def]
+    """The default language model (Qwen2.5-Coder-0.5B-Instruct, assembled from its PyPI parts), loaded once."""
+    from rag import registry
+
+    return registry.load_language_model("", n_ctx=4096, threads=0, seed=1337)
+
+
 def shared_eval_or_skip() -> Path:
     """../shared/eval exists on the project's machines only; a user's clone skips these cases."""
     if not SHARED_EVAL.is_dir():

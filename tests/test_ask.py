@@ -336,18 +336,30 @@ def guide_db(tmp_path_factory: pytest.TempPathFactory, real_embedder: Any) -> Pa
 
 @pytest.mark.slow
 def test_real_model_answers_a_guide_question_with_a_valid_citation(
-    guide_db: Path, real_embedder: Any, real_llm: Any
+    guide_db: Path, real_embedder: Any, real_default_llm: Any
 ) -> None:
-    settings = load_settings(db_path=guide_db)
+    settings = load_settings(db_path=guide_db).replace(decision="off")  # the model's answer itself
     answer = ask("What happens to markers that point outside the list of sources?", db=guide_db,
-                 settings=settings, embedder=real_embedder, llm=real_llm)
+                 settings=settings, embedder=real_embedder, llm=real_default_llm)
     assert answer.status == "answered", answer.trace.get("raw")
     assert answer.grounded and answer.llm_called
     assert answer.citations and all(1 <= c.n <= len(answer.hits) for c in answer.citations)
     for citation in answer.citations:
         assert citation.quote == answer.hits[citation.n - 1].content
     assert any(c.source == "citations.md" for c in answer.citations)
-    assert answer.trace["chat_format"] == "gemma-turns"
+    assert answer.trace["chat_format"] == "gguf-template" and answer.trace["prompt_style"] == "instruct"
+
+
+@pytest.mark.slow
+def test_the_real_verdict_reuses_the_cache_and_stays_deterministic(real_default_llm: Any) -> None:
+    llm = real_default_llm
+    tokens = llm.tokenize("<|im_start|>user\nIs the sky blue? Reply yes or no.<|im_end|>\n<|im_start|>assistant\n",
+                          special=True)
+    first = llm.continuation_logprobs(tokens, ["yes", "no"])
+    llm.continuation_logprobs(llm.tokenize("<|im_start|>user\nSomething else entirely.<|im_end|>\n", special=True),
+                              ["yes"])
+    assert set(first) == {"yes", "no"}
+    assert llm.continuation_logprobs(tokens, ["yes", "no"]) == first  # warm after another prompt = cold
 
 
 @pytest.mark.slow
