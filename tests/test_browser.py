@@ -193,7 +193,7 @@ def test_every_page_renders_from_a_deep_link_and_is_captured(app_url: str, chrom
     expect(page.get_by_role("heading", name="Evaluation", exact=True)).to_be_visible()
     page.get_by_role("button", name="Run on “default”").click()
     expect(page.get_by_text("Run #1:", exact=False)).to_be_visible(timeout=ANSWER_TIMEOUT_MS)
-    expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2)
+    expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(3)  # recall, gate sweep, coverage-risk
     _wait_idle(page)
     _scroll_to_top_of(page.get_by_text("Recall@k per stage"))
     _shot(page, "evaluation.png")
