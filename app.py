@@ -38,7 +38,10 @@ with ui.frame("ask") as view:
     title.title(say(language, "title"))
     new.button(say(language, "new_chat"), icon=":material/add_comment:", disabled=not turns, key="rag-new-chat",
                on_click=ui.start_new_chat, args=(view.collection,))
-    st.caption(say(language, "caption", collection=view.collection, groups=", ".join(view.groups)))
+    # A team-mode reader has no "viewing as" to switch (only an admin's preview has it).
+    chooses_groups = view.user is None or view.may("view_as")
+    st.caption(say(language, "caption" if chooses_groups else "caption_team", collection=view.collection,
+                   groups=", ".join(view.groups)))
     if view.user is not None:
         ui_auth.render_history(view.conn, view.user)
     if not view.collections:
@@ -50,7 +53,8 @@ with ui.frame("ask") as view:
             ui.render_question(turn.question, turn.searched, turn.answer.language)
         with st.chat_message("assistant"):
             if not conversation.visible_to(turn, view.groups):
-                st.info(say(turn.answer.language, "hidden", groups=", ".join(turn.groups)))
+                st.info(say(turn.answer.language, "hidden" if chooses_groups else "hidden_team",
+                            groups=", ".join(turn.groups)))
                 continue
             ui.render_answer(turn.answer, turn.groups, turn.id)
             copy, again, _ = st.columns([1, 1, 4])

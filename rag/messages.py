@@ -12,6 +12,8 @@ MESSAGES: dict[str, dict[str, str]] = {
         "title": "Ask",
         "caption": "Answers come only from the documents of “{collection}” that **{groups}** may read "
         "(change *viewing as* in the sidebar). Click a [n] to open the passage it cites.",
+        "caption_team": "Answers come only from the documents of “{collection}” that you (**{groups}**) may read. "
+        "Click a [n] to open the passage it cites.",
         "nothing_indexed": "Nothing is indexed yet: add documents on the Documents page, or run `rag demo`.",
         "indexed": "**{documents}** documents in “{collection}” · {chunks} passages · searched with {model}",
         "examples": "Try one of these:",
@@ -34,6 +36,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "unsupported_note": "Some sentences are not supported by their sources (shown struck through).",
         "details": "Details",
         "hidden": "This answer was given to a reader holding {groups}: switch *viewing as* to see it.",
+        "hidden_team": "This answer was given to a reader holding {groups}; you may not see it.",
         "page": "page {page}",
         "source_line": "{source}{page} · characters {start}–{end}",
         "hit_line": "distance {distance} · rank {dense} in meaning search · rank {sparse} in keyword search",
@@ -62,6 +65,8 @@ MESSAGES: dict[str, dict[str, str]] = {
         "title": "Hỏi",
         "caption": "Câu trả lời chỉ lấy từ các tài liệu của “{collection}” mà **{groups}** được đọc "
         "(đổi *xem với tư cách* ở thanh bên). Bấm vào [n] để mở đoạn được trích dẫn.",
+        "caption_team": "Câu trả lời chỉ lấy từ các tài liệu của “{collection}” mà bạn (**{groups}**) được đọc. "
+        "Bấm vào [n] để mở đoạn được trích dẫn.",
         "nothing_indexed": "Chưa có gì được lập chỉ mục: hãy thêm tài liệu ở trang Documents, hoặc chạy `rag demo`.",
         "indexed": "**{documents}** tài liệu trong “{collection}” · {chunks} đoạn · tìm kiếm bằng {model}",
         "examples": "Thử một trong các câu hỏi sau:",
@@ -84,6 +89,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "unsupported_note": "Một số câu không được nguồn của chúng xác nhận (hiển thị gạch ngang).",
         "details": "Chi tiết",
         "hidden": "Câu trả lời này dành cho người đọc thuộc nhóm {groups}: đổi *xem với tư cách* để xem.",
+        "hidden_team": "Câu trả lời này dành cho người đọc thuộc nhóm {groups}; bạn không được xem.",
         "page": "trang {page}",
         "source_line": "{source}{page} · ký tự {start}–{end}",
         "hit_line": "khoảng cách {distance} · hạng {dense} khi tìm theo nghĩa · hạng {sparse} khi tìm theo từ khóa",

@@ -339,6 +339,8 @@ def test_a_question_is_asked_with_the_users_groups_audited_and_in_their_history(
 
     other = signed_in("app.py", "rui")  # another user: none of hana's chat, none of her history
     assert not any("PORT=8502" in m.value for m in other.markdown)
+    assert not any("viewing as" in c.value for c in other.caption)  # a reader has no selector to switch
+    assert any("that you (**all**) may read" in c.value for c in other.caption)
     assert next(e for e in other.sidebar.expander if e.label.startswith("Your questions")).label == \
         "Your questions (0)"
 
