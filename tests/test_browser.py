@@ -14,6 +14,7 @@ it). `playwright install` is not used: no browser is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -85,18 +86,18 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data
 
 
-@pytest.fixture(scope="module")
-def app_url(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`streamlit run app.py` on a free port, stopped (by its own pid) after the module."""
+@contextlib.contextmanager
+def serve(env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """`streamlit run app.py` on a free port with ``env``, logging to ``log_path``; yields its URL
+    once healthy, stops it (by its own pid) after, and fails when the log holds a traceback."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("browser-log") / "streamlit.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true", "--server.fileWatcherType", "none",
              "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env=_env(demo_data), stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -118,8 +119,9 @@ def app_url(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     assert "Traceback" not in log_text, log_text[-3000:]
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[object]:
+@contextlib.contextmanager
+def launch_chromium() -> Iterator[object]:
+    """Debian's Chromium through Playwright (no browser download), closed after."""
     if not CHROMIUM.is_file():
         pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (`apt-get install chromium chromium-driver`)")
     from playwright.sync_api import expect, sync_playwright
@@ -131,6 +133,19 @@ def chromium() -> Iterator[object]:
             yield launched
         finally:
             launched.close()
+
+
+@pytest.fixture(scope="module")
+def app_url(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app on the demo corpus, for the module."""
+    with serve(_env(demo_data), tmp_path_factory.mktemp("browser-log") / "streamlit.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[object]:
+    with launch_chromium() as launched:
+        yield launched
 
 
 def _shot(page: object, name: str) -> None:

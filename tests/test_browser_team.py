@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,17 +27,14 @@ import pytest
 from .conftest import GUIDE, ROOT
 from .test_browser import (
     ANSWER_TIMEOUT_MS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PAGE_TIMEOUT_MS,
     REPLY,
-    STARTUP_TIMEOUT_S,
     VIEWPORT,
     _ask,
     _env,
-    _free_port,
-    _healthy,
     _wait_idle,
+    launch_chromium,
+    serve,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -73,51 +69,17 @@ def team_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def app_url(team_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One team-mode server for the module, stopped (by its own pid) at the end."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
+    """One team-mode server for the module; its log holds no traceback and no password."""
     log_path = tmp_path_factory.mktemp("browser-team-log") / "streamlit.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-             "--server.address", "127.0.0.1", "--server.headless", "true", "--server.fileWatcherType", "none",
-             "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env=_team_env(team_data), stdout=log, stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while not _healthy(url):
-                if proc.poll() is not None:
-                    pytest.fail(f"streamlit exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"streamlit not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
-                time.sleep(0.5)  # polling interval, not an assertion
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=20)
-    log_text = log_path.read_text()
-    assert "Traceback" not in log_text, log_text[-3000:]
-    assert PASSWORD not in log_text
+    with serve(_team_env(team_data), log_path) as url:
+        yield url
+    assert PASSWORD not in log_path.read_text()
 
 
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (`apt-get install chromium chromium-driver`)")
-    from playwright.sync_api import expect, sync_playwright
-
-    expect.set_options(timeout=PAGE_TIMEOUT_MS)
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with launch_chromium() as launched:
+        yield launched
 
 
 def _browser(chromium: object) -> object:
