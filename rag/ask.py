@@ -282,10 +282,16 @@ def decision_signals(conn: store.Connection, question: str, kept: Sequence[Hit],
     )
 
 
+def written_sentences(answer: Answer) -> tuple[int, int]:
+    """(sentences the model wrote, of them verified), from the verification trace; (0, 0) without a model."""
+    if not answer.llm_called:
+        return 0, 0
+    return int(answer.trace.get("sentences_written", 0)), int(answer.trace.get("sentences_supported", 0))
+
+
 def answer_signals(answer: Answer, retrieval_part: decide.Signals) -> decide.Signals:
     """``retrieval_part`` completed with what the language model did (its refusal, the verified share)."""
-    written = int(answer.trace.get("sentences_written", 0)) if answer.llm_called else 0
-    supported = int(answer.trace.get("sentences_supported", 0)) if answer.llm_called else 0
+    written, supported = written_sentences(answer)
     refused = float(answer.llm_called and declined(str(answer.trace.get("raw", ""))))
     logodds = decide.clip_logodds(answer.trace.get("lm_logodds")) if answer.llm_called else 0.0
     return dataclasses.replace(retrieval_part, lm_refused=refused, lm_logodds=logodds,
@@ -314,4 +320,4 @@ def _after_decision(answer: Answer, policy: decide.Policy | None, signals: decid
     )
 
 
-__all__ = ["answer_signals", "ask", "ask_stream", "collection_policy", "decision_signals"]
+__all__ = ["answer_signals", "ask", "ask_stream", "collection_policy", "decision_signals", "written_sentences"]

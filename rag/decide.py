@@ -27,6 +27,7 @@ predictions: the lowest share of lost answers such that bluffs stay within ``max
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -344,6 +345,7 @@ def joint_thresholds(
     return best[3], best[4]
 
 
+@functools.cache
 def bundled_policy() -> Policy | None:
     """The policy fitted on the project's visible golden sets (``rag/decision_default.json``),
     used by a collection that has none of its own; None when the file is absent."""

@@ -121,11 +121,7 @@ def evidence_kept(answer: Answer, query: Query) -> bool:
                                               for h in answer.hits)
 
 
-def written_sentences(answer: Answer) -> tuple[int, int]:
-    """(sentences the model wrote, of them verified), from the verification trace; (0, 0) without a model."""
-    if not answer.llm_called:
-        return 0, 0
-    return int(answer.trace.get("sentences_written", 0)), int(answer.trace.get("sentences_supported", 0))
+written_sentences = ask_module.written_sentences  # re-exported: its first home
 
 
 def correct(answer: Answer, query: Query) -> bool:
@@ -204,6 +200,10 @@ def fit_rows(rows: Sequence[AnswerRow], max_bluff: float = 0.10, source: str = "
     return decide.fit_policy(before, after, max_bluff, source, joint=joint)
 
 
+def _signals(row: AnswerRow) -> decide.Signals:
+    return decide.Signals(**{k: float(row.signals.get(k, 0.0)) for k in decide.FEATURES})
+
+
 def decision_examples(rows: Sequence[AnswerRow]) -> tuple[list[decide.Example], list[decide.Example]]:
     """The rows as training examples of the policy's two models (rows the gate refused are left
     out: no model sees them).
@@ -215,7 +215,7 @@ def decision_examples(rows: Sequence[AnswerRow]) -> tuple[list[decide.Example], 
     for r in rows:
         if not r.signals:
             continue
-        signals = decide.Signals(**{k: float(r.signals.get(k, 0.0)) for k in decide.FEATURES})
+        signals = _signals(r)
         answerable = r.kind == "answerable"
         before.append(decide.Example(signals, answerable, r.evidence_kept, r.corpus))
         if r.status != "no_answer":
@@ -228,7 +228,7 @@ def apply_policy(row: AnswerRow, policy: decide.Policy | None) -> str:
     "no_answer" when either model refuses (a pure replay: no model runs)."""
     if policy is None or not row.signals or row.status == "no_answer":
         return row.status
-    signals = decide.Signals(**{k: float(row.signals.get(k, 0.0)) for k in decide.FEATURES})
+    signals = _signals(row)
     if not policy.before.answers(decide.retrieval_only(signals)):
         return "no_answer"
     return row.status if policy.after.answers(signals) else "no_answer"
@@ -252,21 +252,25 @@ def outcome_figures(rows: Sequence[AnswerRow], statuses: Sequence[str]) -> dict[
 def loco_report(rows: Sequence[AnswerRow], max_bluff: float = 0.10) -> dict[str, dict[str, float | int | None]]:
     """Leave-one-corpus-out, end to end: for each corpus, the policy fitted on the OTHER corpora
     replayed on its rows (the gate's refusals included), next to the figures without a decision."""
-    report: dict[str, dict[str, float | int | None]] = {}
+    return {corpus: _held_out_figures(held, policy) for corpus, held, policy in _held_out(rows, max_bluff)}
+
+
+def _held_out(rows: Sequence[AnswerRow], max_bluff: float) -> list[tuple[str, list[AnswerRow], decide.Policy | None]]:
+    """Each corpus's rows with the policy fitted on the other corpora (None: they lack a class)."""
+    folds = []
     for corpus in sorted({r.corpus for r in rows}):
-        held = [r for r in rows if r.corpus == corpus]
         try:
             policy: decide.Policy | None = fit_rows([r for r in rows if r.corpus != corpus], max_bluff)
         except ValueError:  # the other corpora lack a class: nothing to learn from
             policy = None
-        without = outcome_figures(held, [r.status for r in held])
-        with_policy = outcome_figures(held, [apply_policy(r, policy) for r in held])
-        report[corpus] = {**{f"off_{k}": v for k, v in without.items() if k != "queries"}, **with_policy}
-    return report
+        folds.append((corpus, [r for r in rows if r.corpus == corpus], policy))
+    return folds
 
 
-def _signals(row: AnswerRow) -> decide.Signals:
-    return decide.Signals(**{k: float(row.signals.get(k, 0.0)) for k in decide.FEATURES})
+def _held_out_figures(held: Sequence[AnswerRow], policy: decide.Policy | None) -> dict[str, float | int | None]:
+    without = outcome_figures(held, [r.status for r in held])
+    with_policy = outcome_figures(held, [apply_policy(r, policy) for r in held])
+    return {**{f"off_{k}": v for k, v in without.items() if k != "queries"}, **with_policy}
 
 
 def policy_scores(rows: Sequence[AnswerRow], policy: decide.Policy) -> list[float]:
@@ -296,15 +300,11 @@ def coverage_risk(rows: Sequence[AnswerRow], scores: Sequence[float]) -> list[di
 def calibration_report(rows: Sequence[AnswerRow], max_bluff: float = 0.10) -> dict[str, Any]:
     """Per corpus, leave-one-corpus-out: the figures without and with the policy fitted on the
     other corpora, and that policy's coverage-risk curve on the held-out corpus."""
-    figures = loco_report(rows, max_bluff)
+    figures: dict[str, dict[str, float | int | None]] = {}
     curves: dict[str, list[dict[str, float]]] = {}
-    for corpus in figures:
-        held = [r for r in rows if r.corpus == corpus]
-        others = [r for r in rows if r.corpus != corpus]
-        try:
-            curves[corpus] = coverage_risk(held, policy_scores(held, fit_rows(others, max_bluff)))
-        except ValueError:
-            curves[corpus] = []
+    for corpus, held, policy in _held_out(rows, max_bluff):
+        figures[corpus] = _held_out_figures(held, policy)
+        curves[corpus] = coverage_risk(held, policy_scores(held, policy)) if policy is not None else []
     return {"max_bluff": max_bluff, "corpora": figures, "coverage_risk": curves}
 
 

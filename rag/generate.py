@@ -385,8 +385,7 @@ def lm_verdict(llm: LanguageModel, generation: Generation) -> float | None:
     vocabulary has neither word as one token."""
     if generation.style != "instruct" or not generation.prompt.messages:
         return None
-    written = generation.text[len(generation.lead):] if generation.text.startswith(generation.lead) else generation.text
-    messages = [*generation.prompt.messages, {"role": "assistant", "content": (generation.lead + written).strip()},
+    messages = [*generation.prompt.messages, {"role": "assistant", "content": generation.text.strip()},
                 {"role": "user", "content": load_prompt("instruct_verdict").strip()}]
     chat = llm.format_chat(messages)
     tokens = llm.tokenize(chat.text, add_bos=chat.add_bos, special=True)
