@@ -38,7 +38,17 @@ from rag.llm import LanguageModel, Message
 from rag.llm import bundled_gguf_path as bundled_gguf_path  # re-exported: its old home
 from rag.records import Answer, Hit
 from rag.text import detect_language
-from rag.verify import content_words, draft_answer, judge_sentences, remove_urls, shown_piece, verify_answer
+from rag.verify import (
+    MARKER,
+    Draft,
+    content_words,
+    draft_answer,
+    introduces,
+    judge_sentences,
+    remove_urls,
+    shown_piece,
+    verify_answer,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Prompts: rag/prompts/<name>.txt, loaded by name
@@ -422,9 +432,28 @@ def generation_trace(llm: LanguageModel, generation: Generation, settings: Setti
 # ---------------------------------------------------------------------------------------------
 # The answer stream: generate, release verified sentences as they complete, then the Answer
 
-# While streaming, a sentence is judged once the sentence after the next one has begun: markers
-# that open a sentence may still move to the one before it (see verify.raw_sentences).
-STREAM_LAG = 2
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def settled(drafts: Sequence[Draft]) -> int:
+    """How many leading sentences of a growing answer are final and can be judged now.
+
+    The last draft is still being written. The one before it is final once the last holds a
+    letter outside citation markers (until then a marker that opens it may still move back to
+    the sentence before, see ``verify.raw_sentences``, and "[1" may be half a marker), and it
+    is not an introduction ending in ":" (which is judged with the sentence that follows it,
+    complete). Judging one sentence behind the writing instead of two brings a two-sentence
+    answer's first text forward by a whole sentence.
+    """
+    ready = 0
+    for i in range(len(drafts) - 1):
+        nxt = drafts[i + 1]
+        if not _LETTER.search(MARKER.sub(" ", nxt.text)):
+            break
+        if introduces(drafts[i].text) and i + 1 == len(drafts) - 1:
+            break
+        ready = i + 1
+    return ready
 ANSWER_TIMINGS = ("first_token", "first_text", "generate", "verdict", "verify")  # the stream's timings_ms, in order
 
 
@@ -471,7 +500,7 @@ def answer_stream(
         for _ in tokens:
             clock = time.perf_counter()
             drafts, _repeats = draft_answer(generation.text, len(hits))
-            ready = max(0, len(drafts) - STREAM_LAG)
+            ready = settled(drafts)
             pieces: list[str] = []
             if ready > released:
                 judged = judge_sentences(drafts, hits, settings.support_threshold, generation.question)
@@ -503,7 +532,7 @@ def answer_stream(
         show_unsupported=settings.show_unsupported, embedder=embedder, language=generation.language,
     )
     if verified.status == "answered" and not settings.show_unsupported:
-        # Release the sentences the stream had not judged yet (the last STREAM_LAG of them).
+        # Release the sentences the stream had not judged yet (the last one or two).
         pieces = [shown_piece(s, i == 0, strike=False) for i, s in enumerate(verified.sentences)]
         if len(pieces) > emitted:
             timings.setdefault("first_text", _ms_since(started))

@@ -232,6 +232,34 @@ def test_answer_stream_releases_verified_sentences_then_the_answer() -> None:
     assert generation.tokens > 0 and generation.first_token_ms is not None
 
 
+def test_the_first_sentence_streams_while_the_second_is_written() -> None:
+    sources = [hit(1, "The garage closes at 7 pm on weekdays. It is closed on public holidays.")]
+    llm = FakeLLM("1], the garage closes at 7 pm on weekdays. It is closed on public holidays [1].")
+    settings = Settings()
+    generation = start_generation(llm, "When does the garage close?", sources, settings=settings)
+    seen_when_first = None
+    for item in answer_stream(llm, generation, settings=settings):
+        if isinstance(item, str) and seen_when_first is None:
+            seen_when_first = generation.text
+    assert seen_when_first is not None and "weekdays." in seen_when_first
+    assert "holidays" not in seen_when_first  # released one sentence behind the writing, not two
+
+
+def test_settled_waits_for_a_letter_and_for_what_an_introduction_introduces() -> None:
+    from rag.generate import settled
+    from rag.verify import draft_answer
+
+    def drafts(text: str) -> list:
+        return draft_answer(text, 3)[0]
+
+    assert settled(drafts("According to [1], the garage closes at 7 pm.")) == 0  # the last one may grow
+    assert settled(drafts("According to [1], the garage closes at 7 pm. [2")) == 0  # half a marker
+    assert settled(drafts("According to [1], the garage closes at 7 pm. It")) == 1
+    assert len(drafts("The rules are [1]:\n- Bikes go in the yard")) == 2
+    assert settled(drafts("The rules are [1]:\n- Bikes go in the yard")) == 0  # an introduction waits
+    assert settled(drafts("The rules are [1]:\n- Bikes go in the yard [1].\n- Cars")) == 2
+
+
 def test_answer_stream_of_an_unsupported_reply_streams_nothing() -> None:
     sources = [hit(1, "The garage closes at 7 pm on weekdays.")]
     llm = FakeLLM("1], the cafeteria serves espresso all day. Bikes go in the yard [1].")

@@ -108,9 +108,44 @@ def test_a_copied_sentence_with_its_citation_is_supported() -> None:
 
 
 def test_the_wrong_source_does_not_support() -> None:
+    verdict = judge(draft_sentence("The garage closes on weekdays [2].", 2), [GARAGE, OFFICE], 0.5)
+    assert not verdict.supported and verdict.citations is None
+    assert "[2]" in verdict.reason
+
+
+def test_a_number_found_in_another_source_repairs_the_citation() -> None:
     verdict = judge(draft_sentence("The garage closes at 7 pm on weekdays [2].", 2), [GARAGE, OFFICE], 0.5)
-    assert not verdict.supported
-    assert "7" in verdict.reason  # the number is checked first
+    assert verdict.supported and verdict.citations == (1,)  # the reader is sent to the passage that says it
+    sentence = judge_sentences([draft_sentence("The garage closes at 7 pm on weekdays [2].", 2)], [GARAGE, OFFICE],
+                               0.5)[0]
+    assert sentence.text == "The garage closes at 7 pm on weekdays [1]." and sentence.citations == [1]
+
+
+def test_a_number_found_nowhere_is_not_repaired() -> None:
+    verdict = judge(draft_sentence("The garage closes at 9 pm on weekdays [2].", 2), [GARAGE, OFFICE], 0.5)
+    assert not verdict.supported and "number 9 not in [2]" in verdict.reason
+
+
+def test_a_sentence_without_a_marker_inherits_the_one_before() -> None:
+    drafts = draft_answer("According to [1], the garage closes at 7 pm on weekdays. It closes at 7 pm.", 2)[0]
+    judged = judge_sentences(drafts, [GARAGE, OFFICE], 0.5)
+    assert [s.citations for s in judged] == [[1], [1]] and judged[1].text == "It closes at 7 pm [1]."
+    assert judged[1].supported
+    drafts = draft_answer("According to [2], the office opens early. The garage closes at 7 pm.", 2)[0]
+    judged = judge_sentences(drafts, [GARAGE, OFFICE], 0.5)
+    assert judged[1].citations == [1]  # inherited [2], whose missing number then repaired it to [1]
+    drafts = draft_answer("According to [2], the garage is red. It closes at 7 pm.", 2)[0]
+    judged = judge_sentences(drafts, [GARAGE, OFFICE], 0.5)
+    assert not judged[0].supported and judged[1].reason == "cites no source"  # nothing to inherit
+
+
+def test_the_claims_own_sentence_decides_its_negation() -> None:
+    source = hit("A backup you never opened is a hope, not a backup. After each weekly copy, run the integrity "
+                 "check on the copy and make sure it prints exactly ok.")
+    draft = draft_sentence("According to [1], run the integrity check on the copy and make sure it prints ok.", 1)
+    assert judge(draft, [source], 0.5).supported
+    dropped = draft_sentence("According to [1], a backup you opened is a hope.", 1)
+    assert "drops the negation" in judge(dropped, [source], 0.5).reason
 
 
 def test_an_invented_number_is_never_supported() -> None:
@@ -305,7 +340,9 @@ def test_a_citation_and_a_full_stop_close_the_sentence() -> None:
 def test_verification_on_real_sentences_labelled_by_hand() -> None:
     """What verification lets through, on 68 sentences the Qwen models wrote (each alone, as the
     first sentence of its answer): before the question-share and any-heading rules it passed 10,
-    4 right and 6 wrong (3 copied headings or other topics); now 7, 4 right and 3 wrong."""
+    4 right and 6 wrong (3 copied headings or other topics); then 7, 4 right and 3 wrong; with
+    a citation repaired on a number found in another source, 9: 6 right (2 of them re-cited to
+    the source holding their numbers) and 3 wrong."""
     import json
 
     from .conftest import ROOT
@@ -317,8 +354,11 @@ def test_verification_on_real_sentences_labelled_by_hand() -> None:
                        content=s["content"], char_from=0, char_to=len(s["content"]), page=None, distance=0.2)
                    for n, s in enumerate(item["sources"], start=1)]
         drafts = draft_answer(item["sentence"], len(sources))[0]
-        if judge_sentences(drafts, sources, 0.5, item["question"])[0].supported:
-            passed[item["label"]] += 1
+        judged = judge_sentences(drafts, sources, 0.5, item["question"])[0]
+        recited = item.get("recited")
+        label = recited["label"] if recited and judged.citations == [recited["source"]] else item["label"]
+        if judged.supported:
+            passed[label] += 1
     assert passed["unsupported"] == 0  # no invented claim passes
     assert passed["wrong"] <= 3  # of 25: a restricted question answered, a claim contradicting its source
-    assert passed["right"] >= 4  # of 15: most right sentences echo the question or paraphrase too freely
+    assert passed["right"] >= 6  # of 17: most right sentences echo the question or paraphrase too freely
