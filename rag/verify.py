@@ -471,8 +471,9 @@ def judge_sentences(
 ) -> list[Sentence]:
     """Judge every sentence; an introduction ending in ":" stands only if the sentence after it does.
 
-    Sentence ``i`` is decided from drafts ``i`` and ``i + 1`` only, so a stream can judge it as
-    soon as the sentence after it is complete.
+    Sentence ``i`` is decided from drafts ``0`` to ``i + 1`` only (the ones before it for the
+    citation it may inherit, the one after it when it is an introduction), so a stream can
+    judge it as soon as the next sentence has begun (``generate.settled``).
     """
     judged = _judged_in_order(drafts, sources, threshold, question)
     if judged and question is not None and judged[0].supported and not introduces(judged[0].text):
