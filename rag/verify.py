@@ -268,9 +268,23 @@ def has_tones(text: str) -> bool:
     return fold(lowered) != lowered
 
 
-def _is_number(word: str) -> bool:
-    # Digits only: "pysqlite3" or "e5" is a name, checked by overlap like any other word.
-    return word.isdigit()
+_NUMBER_RUN = re.compile(r"[\w.,]+")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def numbers(text: str) -> set[str]:
+    """The numbers written in ``text`` (outside citation markers and names: "pysqlite3", "e5",
+    "v2.1" are names, checked by overlap like any other word), a decimal's trailing zeros
+    dropped: "0.8" is "0.80", while "8" is not "80"."""
+    found = set()
+    for run in _NUMBER_RUN.findall(MARKER.sub(" ", text)):
+        number = run.strip(".,")
+        if not _NUMBER.fullmatch(number):
+            continue
+        if re.fullmatch(r"\d+\.\d+", number):
+            number = number.rstrip("0").rstrip(".")
+        found.add(number)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,12 +383,12 @@ def _judge_against(
     text: str, words: set[str], cited: Sequence[Hit], threshold: float, question: str | None, toned: bool
 ) -> Support:
     """``judge`` against the sources ``cited`` (a failing reason names them as ``{cited}``)."""
-    everywhere: set[str] = set()
+    everywhere: set[str] = set()  # the numbers of the cited sources
     best = 0.0
     negated_sentence = _has_negation(text)
     agreeing, agreeing_window = 0.0, frozenset[str]()
     for hit in cited:
-        everywhere |= content_words(hit.content, toned)
+        everywhere |= numbers(hit.content)
         # Runs of one sentence as well as two: the claim's own sentence decides its negation, so
         # "A backup you never opened is a hope. After each copy, run the check." supports "run
         # the check on the copy" (the 2-sentence run alone says "never").
@@ -384,7 +398,7 @@ def _judge_against(
                 best = max(best, score)
                 if negated == negated_sentence and score > agreeing:
                     agreeing, agreeing_window = score, window
-    missing_numbers = sorted(w for w in words - everywhere if _is_number(w))
+    missing_numbers = sorted(numbers(text) - everywhere)
     if missing_numbers:
         return Support(False, best, f"number {', '.join(missing_numbers)} not in {{cited}}")
     if best < threshold:
