@@ -242,8 +242,27 @@ def build_messages(
 # Turning messages into a prompt: the model's own chat template, else its turn format
 
 # A base model that has finished its answer goes on with a new paragraph, a new prompt block or a
-# new "[n] Title" source heading, echoing its sources: the answer ends at the first blank line.
-ANSWER_STOP = ("\n\n", "\nQUESTION", "\nSOURCES", "\n[", "\n## ")
+# new "[n] Title" source heading, echoing its sources: the answer ends there. The first blank
+# line ends it too, unless it follows an introduction or falls inside a code block (``answer_end``).
+ANSWER_STOP = ("\nQUESTION", "\nSOURCES", "\n[", "\n## ")
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
+
+
+def answer_end(text: str, start: int = 0) -> int | None:
+    """Where the answer in ``text`` ends: at its first blank line after ``start`` (the lead's end)
+    that neither follows a line ending in ":" nor falls inside a ``` code block; None while
+    there is none.
+
+    A fixed "\n\n" stop string cut every answer of the form "remove it by its source path as
+    `rag status` shows it:" before the command it introduced (2 of 24 guide answers, verified as
+    "introduces nothing supported"), and runbooks answer in commands.
+    """
+    for match in _BLANK_LINE.finditer(text, start):
+        before = text[: match.start()]
+        if before.count("```") % 2 == 1 or before.rstrip(" \t*_`").endswith(":"):
+            continue
+        return match.start()
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,6 +379,11 @@ def stream_tokens(
             if not delta.text:
                 continue
             generation.text += delta.text
+            end = answer_end(generation.text, len(generation.lead))
+            if end is not None:
+                generation.text = generation.text[:end]
+                generation.finish = "stop"
+                break
             yield delta.text
             if repeats_itself(generation.text):
                 generation.finish = "repeat"

@@ -245,6 +245,29 @@ def test_the_first_sentence_streams_while_the_second_is_written() -> None:
     assert "holidays" not in seen_when_first  # released one sentence behind the writing, not two
 
 
+def test_the_answer_ends_at_a_blank_line_unless_it_introduces_something() -> None:
+    from rag.generate import answer_end
+
+    lead = "According to ["
+    assert answer_end(lead + "1], the garage closes at 7 pm.\n\n[2] Parking", len(lead)) == len(lead) + 30
+    assert answer_end(lead + "1], the garage closes at 7 pm.", len(lead)) is None
+    intro = lead + "1], remove it by its path as `rag status` shows it:\n\n```bash\nrag delete a.md\n\n"
+    assert answer_end(intro, len(lead)) is None  # inside the code block it introduced
+    assert answer_end(intro + "```\n\nMore", len(lead)) == len(intro) + 3
+
+
+def test_a_command_introduced_by_a_colon_is_not_cut_off() -> None:
+    sources = [hit(1, "Remove one document by its source path as `rag status` shows it:\n\n```bash\n"
+                      "rag delete guide/old.md --db FILE\n```")]
+    llm = FakeLLM("1], remove one document by its source path as `rag status` shows it:\n\n```bash\n"
+                  "rag delete guide/old.md --db FILE\n```\n\nThe index is updated.")
+    settings = Settings()
+    generation = start_generation(llm, "How do I remove one document?", sources, settings=settings)
+    *_, answer = list(answer_stream(llm, generation, settings=settings))
+    assert isinstance(answer, Answer) and answer.status == "answered", answer.trace.get("dropped_sentences")
+    assert "rag delete guide/old.md" in answer.text and "updated" not in generation.text
+
+
 def test_settled_waits_for_a_letter_and_for_what_an_introduction_introduces() -> None:
     from rag.generate import settled
     from rag.verify import draft_answer
