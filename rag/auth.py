@@ -8,6 +8,11 @@ Secrets: passwords are hashed by argon2-cffi's ``PasswordHasher`` (argon2id, its
 parameters, re-hashed when those change) and never stored, printed or audited; session tokens
 come from ``secrets.token_urlsafe`` and only their SHA-256 is stored. Every time is a
 timezone-aware datetime passed in by the caller (``now``), so tests can move the clock.
+
+Both backends run the same statements through ``store.Connection``, with two differences written
+out below: how a name is compared (``_name_is``), and the locks PostgreSQL needs where SQLite's
+``BEGIN IMMEDIATE`` already makes writers take turns (``_take_turns``). ``copy_team`` moves the
+users and the audit log from one database to another (``rag migrate``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import json
 import math
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+import string
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, cast, get_args
@@ -222,6 +229,44 @@ def _parse(text: str) -> datetime:
 
 
 # ---------------------------------------------------------------------------------------------
+# The two places the backends differ
+
+# pg_advisory_xact_lock's first key for rag.auth's locks ("ragu"); the second is hashtext(what).
+# Two-key locks never meet the one-key lock of the PostgreSQL migration runner (rag.pg).
+LOCK_CLASS = 0x7261_6775
+
+
+def _name_is(conn: store.Connection, column: str = "name") -> str:
+    """``column = ?`` ignoring the case of ASCII letters, on either backend.
+
+    SQLite's columns are ``COLLATE NOCASE`` (db/migrations/0005_team.sql). PostgreSQL compares
+    ``lower(... COLLATE "C")``, which folds the same 26 letters and nothing else, and is the
+    expression its unique index holds (db/migrations_pg/0005_team.sql), so the index serves it.
+    """
+    if store.is_postgres(conn):
+        return f'lower({column} COLLATE "C") = lower(? COLLATE "C")'
+    return f"{column} = ?"
+
+
+def _name_order(conn: store.Connection) -> str:
+    """``ORDER BY`` of user names: NOCASE order on SQLite, the same order on PostgreSQL."""
+    return 'lower(name COLLATE "C")' if store.is_postgres(conn) else "name"
+
+
+def _take_turns(conn: store.Connection, what: str) -> None:
+    """Inside a transaction: transactions about ``what`` (one name's sign-ins, the users table) run
+    one after the other on PostgreSQL too.
+
+    SQLite's ``BEGIN IMMEDIATE`` (``store.transaction``) lets one writer in at a time. PostgreSQL's
+    default READ COMMITTED does not: two sign-ins could each count four failures and both try a
+    fifth password, or two admins could each demote the other, each seeing one admin left. A
+    transaction-scoped advisory lock restores the turn-taking for just those transactions.
+    """
+    if store.is_postgres(conn):
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (LOCK_CLASS, what))
+
+
+# ---------------------------------------------------------------------------------------------
 # Users
 
 _USER_COLUMNS = "id, name, role, groups, disabled, created_at, updated_at"
@@ -236,7 +281,7 @@ def _user(row: Any) -> User:
 
 def get_user(conn: store.Connection, name: str) -> User | None:
     """The user of this name (case-insensitive), or None."""
-    row = conn.execute(f"SELECT {_USER_COLUMNS} FROM users WHERE name = ?", (name.strip(),)).fetchone()
+    row = conn.execute(f"SELECT {_USER_COLUMNS} FROM users WHERE {_name_is(conn)}", (name.strip(),)).fetchone()
     return _user(row) if row else None
 
 
@@ -248,7 +293,7 @@ def require_user(conn: store.Connection, name: str) -> User:
 
 
 def list_users(conn: store.Connection) -> list[User]:
-    return [_user(r) for r in conn.execute(f"SELECT {_USER_COLUMNS} FROM users ORDER BY name")]
+    return [_user(r) for r in conn.execute(f"SELECT {_USER_COLUMNS} FROM users ORDER BY {_name_order(conn)}")]
 
 
 def has_admin(conn: store.Connection) -> bool:
@@ -276,6 +321,7 @@ def add_user(
     groups = store.normalize_groups(groups)
     password_hash = _hash_password(password)  # before the transaction: argon2 takes ~0.1 s
     with store.transaction(conn):
+        _take_turns(conn, "users")
         if get_user(conn, name) is not None:
             raise AuthError(f"a user named {name!r} already exists (change it with `rag users passwd|groups|role`)")
         conn.execute(
@@ -313,6 +359,7 @@ def set_role(conn: store.Connection, name: str, role: str, *, actor: User | None
     _require_manager(actor)
     user, checked_role = require_user(conn, name), _check_role(role)
     with store.transaction(conn):
+        _take_turns(conn, "users")
         if checked_role != "admin":
             _refuse_last_admin(conn, user, "demote")
         _update_user(conn, user.id, "role", checked_role)
@@ -325,6 +372,7 @@ def disable_user(conn: store.Connection, name: str, *, actor: User | None = None
     _require_manager(actor)
     user = require_user(conn, name)
     with store.transaction(conn):
+        _take_turns(conn, "users")
         _refuse_last_admin(conn, user, "disable")
         _update_user(conn, user.id, "disabled", 1)
         conn.execute("DELETE FROM sessions WHERE user_id = ?", (user.id,))
@@ -397,12 +445,13 @@ def authenticate(
     error: AuthError
     # One transaction: concurrent attempts on one name are counted one after the other.
     with store.transaction(conn):
+        _take_turns(conn, key)
         conn.execute(  # names whose last failure is older than the window are forgotten
             "DELETE FROM sign_in_failures WHERE name_hash IN (SELECT name_hash FROM sign_in_failures "
             "GROUP BY name_hash HAVING max(at) < ?)",
             (_iso(now - policy.lockout_window),),
         )
-        row = conn.execute(f"SELECT {_USER_COLUMNS}, password_hash FROM users WHERE name = ?",
+        row = conn.execute(f"SELECT {_USER_COLUMNS}, password_hash FROM users WHERE {_name_is(conn)}",
                            (name.strip(),)).fetchone()
         user = _user(row) if row else None
         retry_at = _locked_until(conn, key, now, policy)
@@ -588,7 +637,7 @@ def audit_rows(
     """Audit rows in time order, optionally from ``since`` (inclusive), for one user or action."""
     where, params = [], []
     for clause, value in (("at >= ?", since and _iso(since)), ("at < ?", until and _iso(until)),
-                          ("user_name = ?", user), ("action = ?", action)):
+                          (_name_is(conn, "user_name"), user), ("action = ?", action)):
         if value is not None:
             where.append(clause)
             params.append(value)
@@ -665,3 +714,126 @@ def parse_since(text: str) -> datetime:
     except ValueError:
         raise RagError(f"not a date: {text!r} (use YYYY-MM-DD or YYYY-MM-DDTHH:MM)") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+# ---------------------------------------------------------------------------------------------
+# Moving a desk to another database (``rag migrate SRC DEST``)
+
+
+@dataclass(frozen=True, slots=True)
+class TeamCopy:
+    """What ``copy_team`` did. ``differing``: names DEST already held with another password, role,
+    groups or state; those users are left as DEST has them, and the copy is not verified."""
+
+    users_copied: int
+    users_skipped: int  # already in DEST, identical
+    differing: list[str] = field(default_factory=list)
+    audit_copied: int = 0
+    audit_skipped: int = 0  # rows DEST already held (a copy run again)
+    audit_missing: int = 0  # rows of SRC still not in DEST afterwards (0 unless something went wrong)
+
+    @property
+    def verified(self) -> bool:
+        return not self.differing and not self.audit_missing
+
+
+_COPY_COLUMNS = "name, password_hash, role, groups, disabled, created_at, updated_at"
+_SAME_USER = ("password_hash", "role", "groups", "disabled")
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _same_name_key(name: str) -> str:
+    """A name as the databases compare it: ASCII letters folded, nothing else (as NOCASE)."""
+    return name.translate(_ASCII_LOWER)
+
+
+AUDIT_PAGE = 5000  # audit rows read per statement (the log of a busy year is millions of rows)
+AUDIT_BATCH = 100  # rows per INSERT: 500 parameters, under SQLite's oldest limit of 999
+
+
+def _audit_pages(conn: store.Connection) -> Iterator[list[Any]]:
+    """The audit log in id order, one page at a time (keyset pagination), so memory stays flat."""
+    last = 0
+    while True:
+        rows = conn.execute("SELECT id, at, user_name, action, detail FROM audit_log WHERE id > ? ORDER BY id "
+                            "LIMIT ?", (last, AUDIT_PAGE)).fetchall()
+        if not rows:
+            return
+        yield rows
+        last = int(rows[-1]["id"])
+
+
+def _audit_digest(row: Any) -> bytes:
+    """What makes two audit rows the same row (time, name, action, detail), in 16 bytes."""
+    key = json.dumps([row["at"], row["user_name"], row["action"], row["detail"]], ensure_ascii=False)
+    return hashlib.blake2b(key.encode("utf-8"), digest_size=16).digest()
+
+
+def _audit_digests(conn: store.Connection) -> Counter[bytes]:
+    return Counter(_audit_digest(r) for page in _audit_pages(conn) for r in page)
+
+
+def _insert_audit_rows(dest: store.Connection, rows: list[tuple[Any, ...]]) -> None:
+    for i in range(0, len(rows), AUDIT_BATCH):
+        batch = rows[i:i + AUDIT_BATCH]
+        values = ", ".join(["(?, ?, ?, ?, ?)"] * len(batch))  # placeholders only; the values are bound
+        dest.execute(f"INSERT INTO audit_log (at, user_id, user_name, action, detail) VALUES {values}",
+                     [v for row in batch for v in row])
+
+
+def copy_team(src: store.Connection, dest: store.Connection, *, audit: bool = True) -> TeamCopy:
+    """Copy every user (password hash, role, groups, disabled, times) and, with ``audit``, the
+    audit log from ``src`` to ``dest``, on either backend; safe to run again.
+
+    Users are matched by name (ignoring case, as sign-in does) and get DEST's own ids; their
+    argon2 hashes are copied as they are (a PHC string holds its salt and parameters), so every
+    password keeps working. A name DEST already holds is never overwritten. Sessions and failed
+    sign-ins are not copied: everyone signs in again on the new database. Audit rows keep their
+    time, name, action and detail; their user is the DEST user of that name. A row DEST already
+    holds (same time, name, action and detail) is not copied twice, so a second run adds nothing.
+    Each part is ONE transaction on DEST: an interrupted copy leaves all or none of it.
+    """
+    copied = skipped = 0
+    differing: list[str] = []
+    with store.transaction(dest):
+        _take_turns(dest, "users")
+        for row in src.execute(f"SELECT {_COPY_COLUMNS} FROM users ORDER BY id").fetchall():
+            there = dest.execute(f"SELECT {_COPY_COLUMNS} FROM users WHERE {_name_is(dest)}",
+                                 (row["name"],)).fetchone()
+            if there is None:
+                dest.execute(f"INSERT INTO users ({_COPY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             tuple(row[c] for c in _COPY_COLUMNS.split(", ")))
+                copied += 1
+            elif all(there[c] == row[c] for c in _SAME_USER):
+                skipped += 1
+            else:
+                differing.append(str(row["name"]))
+    if not audit:
+        _record_copy(dest, copied, 0)
+        return TeamCopy(copied, skipped, differing)
+    ids = {_same_name_key(u.name): u.id for u in list_users(dest)}
+    present = _audit_digests(dest)
+    total = audit_copied = 0
+    with store.transaction(dest):
+        for page in _audit_pages(src):
+            new: list[tuple[Any, ...]] = []
+            for row in page:
+                digest = _audit_digest(row)
+                if present[digest] > 0:  # already there (one copy per identical row)
+                    present[digest] -= 1
+                    continue
+                name = row["user_name"]
+                new.append((row["at"], ids.get(_same_name_key(name)) if name else None, name, row["action"],
+                            row["detail"]))
+            _insert_audit_rows(dest, new)
+            total += len(page)
+            audit_copied += len(new)
+    missing = sum((_audit_digests(src) - _audit_digests(dest)).values())
+    _record_copy(dest, copied, audit_copied)
+    return TeamCopy(copied, skipped, differing, audit_copied, total - audit_copied, missing)
+
+
+def _record_copy(dest: store.Connection, users: int, audit_rows: int) -> None:
+    """The copy in DEST's own log (after the copied rows, so a second run finds nothing new)."""
+    if users or audit_rows:
+        record(dest, None, "team_copy", {"users_copied": users, "audit_rows_copied": audit_rows})

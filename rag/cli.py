@@ -58,9 +58,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+DB_HELP = "SQLite file or postgresql://user@host:5432/db URL (default: RAG_DB or <data dir>/rag.db)"
+
+
 def _common(parser: argparse.ArgumentParser, collection: bool = True) -> None:
-    parser.add_argument("--db", help="SQLite file or postgresql://user@host:5432/db URL (default: RAG_DB or "
-                        "<data dir>/rag.db)")
+    parser.add_argument("--db", help=DB_HELP)
     if collection:
         parser.add_argument("--collection", help="collection name (default: 'default')")
 
@@ -153,10 +155,15 @@ def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
     if str(src_location) == str(dest_location):
         raise RagError("the source and the destination are the same database")
     src = store.open_db(src_location, create=False)
+    team = None
     try:
         dest = store.open_db(dest_location)
         try:
             reports = copy_collections(src, dest, args.collection, sample=args.sample)
+            if not args.no_users:
+                from rag import auth
+
+                team = auth.copy_team(src, dest, audit=not args.no_audit)
         finally:
             dest.close()
     finally:
@@ -170,7 +177,25 @@ def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
         for key in r.vectors_differing[:10]:
             print(f"  vector differs: {key}")
         failed |= not r.verified
+    if team is not None and (team.users_copied or team.users_skipped or team.differing or team.audit_copied
+                             or team.audit_skipped):  # a desktop desk has neither users nor a log
+        print(_team_copy_line(team, audit=not args.no_audit))
+        for name in team.differing:
+            print(f"  user {name!r} exists in the destination with another password, role, groups or state: "
+                  "left as it is there")
+        failed |= not team.verified
     return 1 if failed else 0
+
+
+def _team_copy_line(team: Any, *, audit: bool) -> str:
+    line = f"users: {team.users_copied} copied, {team.users_skipped} already there"
+    if team.differing:
+        line += f", {len(team.differing)} differ"
+    if audit:
+        line += f"; audit log: {team.audit_copied} rows copied, {team.audit_skipped} already there"
+        if team.audit_missing:
+            line += f", {team.audit_missing} NOT copied"
+    return line + ("" if team.verified else ": NOT VERIFIED")
 
 
 def cmd_reindex(args: argparse.Namespace, resources: Resources) -> int:
@@ -1010,16 +1035,7 @@ def _user_line(user: Any) -> str:
     return f"{user.name:20} {user.role:7} {state:8} groups: {', '.join(user.groups)}"
 
 
-def _team_mode_needs_sqlite(settings: Settings) -> None:
-    from rag.config import is_database_url
-
-    if is_database_url(settings.db_path):
-        raise RagError("team mode (users, sign-in, audit log) is not available on PostgreSQL yet: use an SQLite "
-                       "database for it (docs/architecture.md, PostgreSQL)")
-
-
 def cmd_users(args: argparse.Namespace, resources: Resources) -> int:
-    _team_mode_needs_sqlite(resources.settings)
     handler: Handler = args.users_handler
     return handler(args, resources)
 
@@ -1122,7 +1138,7 @@ def _add_users_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     c.add_argument("--json", action="store_true")
     c.set_defaults(users_handler=cmd_users_list)
     for action in usub.choices.values():
-        action.add_argument("--db", help="database file (default: RAG_DB or <data dir>/rag.db)")
+        action.add_argument("--db", help=DB_HELP)
     handlers["users"] = cmd_users
 
 
@@ -1174,7 +1190,7 @@ def cmd_audit_prune(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def _audit_log_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", help="database file (default: RAG_DB or <data dir>/rag.db)")
+    p.add_argument("--db", help=DB_HELP)
     p.add_argument("--since", help="only rows from this date or time on (YYYY-MM-DD or ISO date-time, UTC)")
     p.add_argument("--user", help="only this user's rows")
     p.add_argument("--action", help="only this action (ask, sign_in, sign_in_failed, user_add, ...)")
@@ -1185,7 +1201,7 @@ def _audit_log_options(p: argparse.ArgumentParser) -> None:
 def _add_audit_prune_parser(asub: Any) -> None:
     c = asub.add_parser("prune", help="delete audit rows older than the retention (settings audit_retention_days)")
     # SUPPRESS: a --db given before `prune` (rag audit --db F prune) is not reset by this parser's default.
-    c.add_argument("--db", default=argparse.SUPPRESS, help="database file (default: RAG_DB or <data dir>/rag.db)")
+    c.add_argument("--db", default=argparse.SUPPRESS, help=DB_HELP)
     c.add_argument("--days", type=int, help="retention in days (default: settings audit_retention_days, 365)")
     c.set_defaults(audit_handler=cmd_audit_prune)
 
@@ -1217,12 +1233,15 @@ def launch_streamlit(command: list[str], env: dict[str, str]) -> int:
 def cmd_serve(args: argparse.Namespace, resources: Resources, launch: Launcher | None = None) -> int:
     import os
 
+    from rag import store
+    from rag.config import database_location
+
     settings = resources.settings
     team = bool(args.team or settings.auth)
-    db_flag = f" --db {args.db}" if args.db else ""
+    shown = store.display_location(settings.db_path)  # a PostgreSQL URL without its password
+    db_flag = f" --db {store.display_location(args.db)}" if args.db else ""
     if team:
-        _team_mode_needs_sqlite(settings)
-        from rag import auth, store
+        from rag import auth
 
         has_admin = False
         if store.database_exists(settings.db_path):
@@ -1232,7 +1251,7 @@ def cmd_serve(args: argparse.Namespace, resources: Resources, launch: Launcher |
             finally:
                 conn.close()
         if not has_admin:
-            raise RagError(f"team mode needs an admin and {settings.db_path} has none; create one first:\n"
+            raise RagError(f"team mode needs an admin and {shown} has none; create one first:\n"
                            f"    rag users add NAME --role admin{db_flag}")
     app = app_script()
     if not app.is_file():
@@ -1240,16 +1259,17 @@ def cmd_serve(args: argparse.Namespace, resources: Resources, launch: Launcher |
     env = dict(os.environ)
     if team:
         env["RAG_AUTH"] = "1"
-    if args.db:
-        env["RAG_DB"] = str(Path(args.db).expanduser().resolve())
-    print(f"serving {'team mode (sign-in required)' if team else 'desktop mode (no sign-in)'} on "
-          f"{settings.db_path}", file=sys.stderr)
+    if args.db:  # a file is made absolute for Streamlit's working directory; a URL stays as given
+        location = database_location(args.db)
+        env["RAG_DB"] = location if isinstance(location, str) else str(location.resolve())
+    print(f"serving {'team mode (sign-in required)' if team else 'desktop mode (no sign-in)'} on {shown}",
+          file=sys.stderr)
     return (launch or launch_streamlit)(streamlit_command(app, args.port), env)
 
 
 def _add_serve_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     p = sub.add_parser("serve", help="start the app (streamlit run app.py); --team requires a sign-in")
-    p.add_argument("--db", help="database file (default: RAG_DB or <data dir>/rag.db)")
+    p.add_argument("--db", help=DB_HELP)
     p.add_argument("--team", action="store_true", help="team mode: every page needs a sign-in (as auth = true "
                                                         "in rag.toml); refused until an admin exists")
     p.add_argument("--port", type=int, help="port (default: Streamlit's, 8501)")
@@ -1377,6 +1397,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--collection", action="append", help="copy only this collection (repeatable; default: all)")
     p.add_argument("--sample", type=int, default=200, help="vectors per collection whose SHA-256 is compared "
                    "(default: 200)")
+    p.add_argument("--no-users", action="store_true", help="do not copy team mode's users and audit log (copied "
+                   "by default: names, password hashes, roles, groups; nobody's session)")
+    p.add_argument("--no-audit", action="store_true", help="copy the users but not the audit log")
     handlers["migrate"] = cmd_migrate
 
     _add_eval_parser(sub, handlers)

@@ -291,12 +291,22 @@ VALUES (:collection, :chat_id, :user_id, :question, :searched, :answer, :groups)
 """
 CHAT_TURNS_SQL = """
 SELECT * FROM chat_turns
-WHERE collection = :collection AND chat_id = :chat_id AND user_id IS :user_id
+WHERE collection = :collection AND chat_id = :chat_id AND {same_user}
 ORDER BY id
 """
 LATEST_CHAT_SQL = """
-SELECT chat_id FROM chat_turns WHERE collection = :collection AND user_id IS :user_id ORDER BY id DESC LIMIT 1
+SELECT chat_id FROM chat_turns WHERE collection = :collection AND {same_user} ORDER BY id DESC LIMIT 1
 """
+# The chat's user, or no user (desktop mode): SQLite's `IS` compares NULLs as equal; PostgreSQL's
+# `IS` takes only NULL, TRUE or FALSE, and its IS NOT DISTINCT FROM no index serves. With the value
+# inlined (rag.pg binds on the client) this form folds to `user_id = 5` or `user_id IS NULL`, both
+# served by chat_turns_chat.
+SAME_USER = {"sqlite": "user_id IS :user_id",
+             "postgres": "(user_id = :user_id OR (:user_id IS NULL AND user_id IS NULL))"}
+
+
+def _same_user(conn: store.Connection) -> str:
+    return SAME_USER["postgres" if store.is_postgres(conn) else "sqlite"]
 DELETE_TURN_SQL = "DELETE FROM chat_turns WHERE id = :id"
 
 
@@ -326,7 +336,8 @@ def save_turn(
 
 def chat_turns(conn: store.Connection, collection: str, chat_id: str, user_id: int | None = None) -> list[Turn]:
     """The turns of one chat, oldest first."""
-    rows = conn.execute(CHAT_TURNS_SQL, {"collection": collection, "chat_id": chat_id, "user_id": user_id})
+    rows = conn.execute(CHAT_TURNS_SQL.format(same_user=_same_user(conn)),
+                        {"collection": collection, "chat_id": chat_id, "user_id": user_id})
     return [
         Turn(r["id"], r["collection"], r["chat_id"], r["question"], r["searched"], answer_from_json(r["answer"]),
              list(json.loads(r["groups"])), r["created_at"], r["user_id"])
@@ -336,7 +347,8 @@ def chat_turns(conn: store.Connection, collection: str, chat_id: str, user_id: i
 
 def latest_chat_id(conn: store.Connection, collection: str, user_id: int | None = None) -> str | None:
     """The chat of ``collection`` asked in last, or None when there is none."""
-    row = conn.execute(LATEST_CHAT_SQL, {"collection": collection, "user_id": user_id}).fetchone()
+    row = conn.execute(LATEST_CHAT_SQL.format(same_user=_same_user(conn)),
+                       {"collection": collection, "user_id": user_id}).fetchone()
     return None if row is None else str(row["chat_id"])
 
 

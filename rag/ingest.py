@@ -546,12 +546,16 @@ def prune_missing(conn: store.Connection, coll: Collection) -> list[FileResult]:
 
 
 def document_statuses(
-    conn: store.Connection, settings: Settings, collection: str | None = None
+    conn: store.Connection, settings: Settings, collection: str | None = None, groups: Sequence[str] | None = None,
 ) -> list[DocumentInfo]:
-    """Every document with its status, error and stale flag."""
+    """Every document with its status, error and stale flag; with ``groups``, only the documents a
+    reader of those groups may see (None: every document, the operator's view)."""
+    keys = None if groups is None else set(store.visible_access_keys(conn, groups))
     infos = []
     budgets: dict[str, str] = {}
     for row in store.document_rows(conn, collection):
+        if keys is not None and row["access_key"] not in keys:
+            continue
         name = row["collection"]
         if name not in budgets:
             coll = store.require_collection(conn, name)
@@ -743,23 +747,32 @@ class IndexHealth:
 
 
 HEALTH_CHUNKS_SQL = """
-SELECT count(*), coalesce(sum(chunks.truncated), 0) FROM chunks
+SELECT chunks.access_key, count(*), coalesce(sum(chunks.truncated), 0) FROM chunks
 JOIN collections ON collections.id = chunks.collection_id
 WHERE :collection IS NULL OR collections.name = :collection
+GROUP BY chunks.access_key
 """
 
 
-def index_health(conn: store.Connection, settings: Settings, collection: str | None = None) -> IndexHealth:
+def index_health(
+    conn: store.Connection, settings: Settings, collection: str | None = None, groups: Sequence[str] | None = None,
+) -> IndexHealth:
     """Counts for the dashboard frame: documents, chunks, failures, stale documents (of
-    ``collection``, or of every collection when None), and every collection's model."""
-    infos = document_statuses(conn, settings, collection)
-    chunks, truncated = conn.execute(HEALTH_CHUNKS_SQL, {"collection": collection}).fetchone()
+    ``collection``, or of every collection when None), and every collection's model.
+
+    ``groups``: count only what a reader of those groups may see (team mode's sidebar, so that the
+    counts tell nobody how much is kept from them); None counts every document (the operator).
+    """
+    infos = document_statuses(conn, settings, collection, groups)
+    keys = None if groups is None else set(store.visible_access_keys(conn, groups))
+    per_key = [r for r in conn.execute(HEALTH_CHUNKS_SQL, {"collection": collection})
+               if keys is None or r[0] in keys]
     return IndexHealth(
         documents=len(infos),
-        chunks=int(chunks),
+        chunks=sum(int(r[1]) for r in per_key),
         failed=sum(d.status == "failed" for d in infos),
         stale=sum(d.stale for d in infos),
-        truncated=int(truncated),
+        truncated=sum(int(r[2]) for r in per_key),
         collections={c.name: c.embedder for c in store.list_collections(conn)},
     )
 

@@ -77,7 +77,7 @@ def _row_factory(cursor: Any) -> Any:
 # placeholders; a bare % must be doubled for psycopg.
 _TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|::|\?|(?<![\w:]):[A-Za-z_]\w*|%")
 # Tables whose INSERTs callers read ``lastrowid`` from (sqlite3's cursor has it, psycopg's not).
-_ID_TABLES = ("documents", "collections", "eval_runs", "chat_turns", "access_keys")
+_ID_TABLES = ("documents", "collections", "eval_runs", "chat_turns", "access_keys", "audit_log")
 _INSERT = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)", re.IGNORECASE)
 
 

@@ -8,7 +8,8 @@ Afterwards the copy is verified by counts (documents, chunks per collection) and
 of a sample of vectors, matched by (source, ordinal).
 
 Permissions travel as they are: a document's groups, and a withheld document (failed, its
-permissions unknown) stays withheld. Evaluation history, chats and team-mode users are not copied.
+permissions unknown) stays withheld. Evaluation history and chats are not copied; team mode's
+users and audit log are, by ``rag.auth.copy_team`` (``rag migrate`` runs it after the collections).
 """
 
 from __future__ import annotations

@@ -199,13 +199,11 @@ class View:
 class FrameData:
     collections: list[Collection]
     groups: list[str]
-    health: IndexHealth
 
 
-def read_frame(conn: store.Connection, settings: Settings, collection: str | None = None) -> FrameData:
-    """Collections, the groups documents name, and the index health of ``collection`` (None: all)."""
-    return FrameData(store.list_collections(conn), known_groups(document_statuses(conn, settings)),
-                     index_health(conn, settings, collection))
+def read_frame(conn: store.Connection, settings: Settings) -> FrameData:
+    """Collections and the groups documents name (the index health waits for the reader: ``draw_frame``)."""
+    return FrameData(store.list_collections(conn), known_groups(document_statuses(conn, settings)))
 
 
 def selected_collection(names: Sequence[str], settings: Settings) -> str:
@@ -238,8 +236,7 @@ def frame(action: str | None = None) -> Iterator[View]:
             settings = load_settings()
             conn = stack.enter_context(connection(settings))
             user = ui_auth.signed_in_user(conn, settings) if settings.auth else None
-            names = [c.name for c in store.list_collections(conn)]
-            data = read_frame(conn, settings, selected_collection(names, settings) if names else None)
+            data = read_frame(conn, settings)
         except RagError as e:
             stop_on(e)
             raise  # stop_on() raises; this line only tells type checkers so
@@ -290,9 +287,11 @@ def draw_frame(settings: Settings, conn: store.Connection, data: FrameData, user
             ui_auth.write_cookie()
             reader, preview = ui_auth.sidebar_account(conn, user, groups)
         st.divider()
+        # Team mode counts what this reader (or the admin's preview) may see, as every list does;
+        # desktop mode counts every document.
+        health = index_health(conn, settings, collection if names else None, None if user is None else reader)
         st.caption(f"Index health of “{collection}”")
         c1, c2 = st.columns(2)
-        health = data.health
         c1.metric("Documents", health.documents)
         c2.metric("Chunks", health.chunks)
         c1.metric("Failed", health.failed)

@@ -1,10 +1,15 @@
-"""Team mode library (rag.auth): hashing, sign-in, lockout, sessions, roles, audit log."""
+"""Team mode library (rag.auth): hashing, sign-in, lockout, sessions, roles, audit log, and the
+copy of users and log between databases; every test that touches a database runs on SQLite and on
+PostgreSQL (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
 import io
+import re
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,8 @@ from rag import auth, store
 from rag.config import load_settings
 from rag.errors import AuthError, LockedOutError, NotFoundError, PermissionDeniedError, RagError
 from rag.records import Answer, Citation, Hit
+
+from .conftest import database_error
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 PASSWORD = "correct horse battery"
@@ -33,6 +40,12 @@ class SpyHasher(PasswordHasher):
     def verify(self, hash: str | bytes, password: str | bytes) -> bool:
         self.verified.append(str(hash))
         return super().verify(hash, password)
+
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_db
 
 
 @pytest.fixture(autouse=True)
@@ -53,13 +66,27 @@ def admin(conn: store.Connection) -> auth.User:
 
 
 def columns(conn: store.Connection, table: str) -> list[str]:
+    if store.is_postgres(conn):
+        return [r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE "
+                                           "table_schema = 'public' AND table_name = ? ORDER BY ordinal_position",
+                                           (table,))]
     return [r["name"] for r in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def indexes(conn: store.Connection) -> set[str]:
+    if store.is_postgres(conn):
+        return {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")}
+    return {r["name"] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
 
 
 def dump(conn: store.Connection) -> str:
     """Every row of every table as text (pysqlite3 has no iterdump)."""
-    tables = [r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'")]
+    if store.is_postgres(conn):
+        tables = [r[0] for r in conn.execute("SELECT table_name FROM information_schema.tables WHERE "
+                                             "table_schema = 'public' AND table_type = 'BASE TABLE'")]
+    else:
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'")]
     return "\n".join(dump_table(conn, table) for table in tables)
 
 
@@ -68,17 +95,42 @@ def dump(conn: store.Connection) -> str:
 
 
 def test_migration_0005_creates_the_team_tables_with_exact_columns_and_indexes(conn: store.Connection) -> None:
-    assert "0005_team" in store.applied_migrations(conn)
+    # db/migrations/0005_team.sql, and on PostgreSQL db/migrations_pg/0005_team.sql, column for column
+    if store.is_postgres(conn):
+        from rag import pg
+
+        assert "0005_team" in pg.applied_migrations(conn)
+    else:
+        assert "0005_team" in store.applied_migrations(conn)
     assert columns(conn, "users") == ["id", "name", "password_hash", "role", "groups", "disabled", "created_at",
                                       "updated_at"]
     assert columns(conn, "sessions") == ["token_hash", "user_id", "created_at", "last_seen", "expires_at"]
     assert columns(conn, "sign_in_failures") == ["id", "name_hash", "at"]
     assert columns(conn, "audit_log") == ["id", "at", "user_id", "user_name", "action", "detail"]
-    indexes = {r["name"] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"users_role", "sessions_user", "sessions_expires", "sign_in_failures_name", "audit_log_at",
-            "audit_log_user", "audit_log_action"} <= indexes
-    with pytest.raises(store.sqlite.IntegrityError):
+            "audit_log_user", "audit_log_action"} <= indexes(conn)
+    with pytest.raises(database_error(conn)):
         conn.execute("INSERT INTO users (name, password_hash, role) VALUES ('x', 'h', 'superuser')")
+    with pytest.raises(database_error(conn)):
+        conn.execute("INSERT INTO users (name, password_hash, disabled) VALUES ('x', 'h', 2)")
+    row = conn.execute("SELECT * FROM users WHERE id = ?", (auth.add_user(conn, "x", PASSWORD).id,)).fetchone()
+    assert (row["role"], row["groups"], row["disabled"]) == ("reader", '["all"]', 0)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", row["created_at"])  # the UTC text of every table
+
+
+def test_names_are_unique_ignoring_ascii_case_in_the_database_itself(conn: store.Connection) -> None:
+    """The schema refuses a second "Alice" even past rag.auth (SQLite: COLLATE NOCASE; PostgreSQL:
+    the unique index on lower(name COLLATE "C")), and folds exactly what NOCASE folds."""
+    insert = "INSERT INTO users (name, password_hash) VALUES (?, 'h')"
+    conn.execute(insert, ("Alice",))
+    for clash in ("alice", "ALICE", "aLiCe"):
+        with pytest.raises(database_error(conn)):
+            conn.execute(insert, (clash,))
+    conn.execute(insert, ("Ánh",))
+    conn.execute(insert, ("ánh",))  # NOCASE folds the 26 ASCII letters only: two names on both backends
+    assert [u.name for u in auth.list_users(conn)] == ["Alice", "Ánh", "ánh"]  # NOCASE order on both
+    assert auth.get_user(conn, "ALICE").name == "Alice"
+    assert auth.get_user(conn, "ÁNH").name == "Ánh" and auth.get_user(conn, "áNH").name == "ánh"
 
 
 def test_team_settings_have_defaults_validate_and_read_rag_auth(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,6 +331,55 @@ def test_disabled_user_cannot_sign_in_and_their_sessions_end(conn: store.Connect
     assert auth.authenticate(conn, "alice", PASSWORD, T0, POLICY).user.name == "alice"
 
 
+def in_another_connection(db_path: Path | str, work: Any) -> tuple[threading.Thread, list[Any]]:
+    """Run ``work(conn)`` on a connection of its own in a thread (another app process, in effect);
+    the list receives its result or its exception."""
+    out: list[Any] = []
+
+    def run() -> None:
+        conn = store.open_db(db_path)
+        try:
+            out.append(work(conn))
+        except Exception as e:  # the outcome under test
+            out.append(e)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_sign_ins_of_one_name_take_turns(db_path: Path | str, conn: store.Connection, alice: auth.User) -> None:
+    """A sign-in waits for another one of the same name, so it counts that one's failures (SQLite:
+    BEGIN IMMEDIATE; PostgreSQL: an advisory lock, else READ COMMITTED would let both count four)."""
+    key = auth._name_hash("alice")
+    with store.transaction(conn):
+        auth._take_turns(conn, key)
+        thread, out = in_another_connection(
+            db_path, lambda c: auth.authenticate(c, "alice", PASSWORD, T0 + timedelta(seconds=1), POLICY))
+        time.sleep(0.5)
+        assert not out  # still waiting for this transaction
+        for _ in range(POLICY.lockout_failures):  # the failures of a sign-in running at the same time
+            conn.execute("INSERT INTO sign_in_failures (name_hash, at) VALUES (?, ?)", (key, auth._iso(T0)))
+    thread.join(30)
+    assert len(out) == 1 and isinstance(out[0], LockedOutError), out
+
+
+def test_two_admins_cannot_remove_each_other_at_once(db_path: Path | str, conn: store.Connection,
+                                                     admin: auth.User) -> None:
+    auth.add_user(conn, "second", PASSWORD, role="admin")
+    with store.transaction(conn):
+        auth._take_turns(conn, "users")  # what set_role("root", ...) holds while it demotes root
+        conn.execute("UPDATE users SET role = 'reader' WHERE name = 'root'")
+        thread, out = in_another_connection(db_path, lambda c: auth.disable_user(c, "second"))
+        time.sleep(0.5)
+        assert not out
+    thread.join(30)
+    assert len(out) == 1 and isinstance(out[0], AuthError) and "only enabled admin" in str(out[0]), out
+    assert auth.has_admin(conn)
+
+
 def test_naive_times_are_refused(conn: store.Connection, alice: auth.User) -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         auth.authenticate(conn, "alice", PASSWORD, datetime(2026, 3, 1, 9, 0), POLICY)
@@ -441,7 +542,7 @@ def test_prune_deletes_rows_past_the_retention_and_records_itself(conn: store.Co
 
 
 def test_no_password_hash_or_token_in_the_audit_log_the_database_or_any_output(
-    db_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    db_path: Path | str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     conn = store.open_db(db_path)
     root = auth.add_user(conn, "root", "admin-password", role="admin")
@@ -456,9 +557,13 @@ def test_no_password_hash_or_token_in_the_audit_log_the_database_or_any_output(
     hashes = [r[0] for r in conn.execute("SELECT password_hash FROM users")]
     secrets: list[Any] = [PASSWORD, "admin-password", "wrong-but-long", "second password", *tokens, *hashes]
     audit_text = auth.export_csv(auth.audit_rows(conn)) + dump_table(conn, "audit_log")
-    conn.execute("PRAGMA wal_checkpoint(FULL)")
+    everything = dump(conn)
+    if not store.is_postgres(conn):
+        conn.execute("PRAGMA wal_checkpoint(FULL)")
     conn.close()
-    raw = b"".join(p.read_bytes() for p in db_path.parent.glob(db_path.name + "*"))
+    # The SQLite file's own bytes (WAL included); PostgreSQL's: every row of every table.
+    raw = (everything.encode() if isinstance(db_path, str) else
+           b"".join(p.read_bytes() for p in db_path.parent.glob(db_path.name + "*")))
     printed = capsys.readouterr()
     outputs = [printed.out, printed.err, caplog.text, str(caught.value)]
     for secret in secrets:
@@ -491,3 +596,81 @@ def test_team_mode_doc_covers_every_setting_command_and_the_threat_model() -> No
     assert "## What team mode protects against" in doc and "It does not protect against:" in doc
     assert "docs/team-mode.md" in (Path(__file__).resolve().parent.parent / "docs" / "guide" /
                                    "permissions.md").read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# rag migrate: users and the audit log move with the desk (SQLite -> PostgreSQL -> SQLite)
+
+
+def audit_view(conn: store.Connection) -> list[tuple[str, str | None, str, dict[str, Any]]]:
+    return [(r.at, r.user, r.action, r.detail) for r in auth.audit_rows(conn) if r.action != "team_copy"]
+
+
+def users_view(conn: store.Connection) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(
+        "SELECT name, password_hash, role, groups, disabled, created_at, updated_at FROM users ORDER BY name")]
+
+
+def test_copy_team_moves_users_with_their_passwords_and_the_log_and_runs_again_for_nothing(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(auth, "AUDIT_PAGE", 2)  # several pages and batches, on a small log
+    monkeypatch.setattr(auth, "AUDIT_BATCH", 3)
+    src = store.open_db(tmp_path / "team.db")
+    root = auth.add_user(src, "root", "admin-password", role="admin")
+    alice = auth.add_user(src, "Alice", PASSWORD, groups=["hr", "eng"], actor=root)
+    auth.add_user(src, "bob", "bob's password", role="editor")
+    auth.disable_user(src, "bob", actor=root)
+    session = auth.authenticate(src, "alice", PASSWORD, T0, POLICY)
+    with pytest.raises(AuthError):
+        auth.authenticate(src, "root", "wrong password", T0, POLICY)
+    auth.record_question(src, alice, answer("How many leave days?"), groups=alice.groups, collection="default",
+                         at=T0 + timedelta(minutes=1))
+    dest = store.open_db(pg_url)
+    carol = auth.add_user(dest, "carol", "carol's password")  # DEST's own user: ids differ from SRC's
+
+    carols = audit_view(dest)  # DEST's own row: carol's user_add
+    first = auth.copy_team(src, dest)
+    assert (first.users_copied, first.users_skipped, first.differing, first.verified) == (3, 0, [], True)
+    assert first.audit_copied == len(auth.audit_rows(src)) > 5 and first.audit_skipped == 0
+    assert sorted(map(repr, audit_view(dest))) == sorted(map(repr, audit_view(src) + carols))  # time, name, detail
+    assert [u for u in users_view(dest) if u[0] != "carol"] == users_view(src)  # hashes, roles, groups, times
+    assert [u.name for u in auth.list_users(dest)] == ["Alice", "bob", "carol", "root"]
+    moved = auth.authenticate(dest, "ALICE", PASSWORD, T0 + timedelta(hours=1), POLICY).user  # the same password
+    assert (moved.groups, moved.role) == (["eng", "hr"], "reader") and moved.id != alice.id
+    with pytest.raises(AuthError, match="disabled"):
+        auth.authenticate(dest, "bob", "bob's password", T0, POLICY)
+    assert auth.session_user(dest, session.token, T0, POLICY.idle_timeout) is None  # everyone signs in again
+    # the history is the moved user's: audit rows point at DEST's id of that name
+    assert [r.detail["question"] for r in auth.question_history(dest, moved)] == ["How many leave days?"]
+    assert auth.question_history(dest, carol) == []
+    assert [r.detail for r in auth.audit_rows(dest, action="team_copy")] == [
+        {"users_copied": 3, "audit_rows_copied": first.audit_copied}]
+
+    again = auth.copy_team(src, dest)
+    assert (again.users_copied, again.users_skipped, again.audit_copied, again.verified) == (0, 3, 0, True)
+    assert again.audit_skipped == len(auth.audit_rows(src))
+    assert len(auth.audit_rows(dest, action="team_copy")) == 1  # a run that copies nothing records nothing
+
+    back = store.open_db(tmp_path / "back.db")  # and back to SQLite, without the log this time
+    assert auth.copy_team(dest, back, audit=False).users_copied == 4
+    assert users_view(back) == users_view(dest)
+    assert [r.action for r in auth.audit_rows(back)] == ["team_copy"]
+    assert auth.authenticate(back, "root", "admin-password", T0 + timedelta(hours=1), POLICY).user.role == "admin"
+    for conn in (src, dest, back):
+        conn.close()
+
+
+def test_copy_team_never_overwrites_a_user_the_destination_has(tmp_path: Path, pg_url: str) -> None:
+    src = store.open_db(tmp_path / "team.db")
+    auth.add_user(src, "alice", PASSWORD, role="admin")
+    dest = store.open_db(pg_url)
+    auth.add_user(dest, "ALICE", "another password")  # the same name, ignoring case
+    copy = auth.copy_team(src, dest)
+    assert (copy.users_copied, copy.differing, copy.verified) == (0, ["alice"], False)
+    user = auth.authenticate(dest, "alice", "another password", T0, POLICY).user
+    assert (user.name, user.role) == ("ALICE", "reader")
+    with pytest.raises(AuthError):
+        auth.authenticate(dest, "alice", PASSWORD, T0, POLICY)
+    src.close()
+    dest.close()

@@ -1,4 +1,5 @@
-"""Team mode on the command line: `rag users ...`, `rag audit ...`, `rag serve --team`."""
+"""Team mode on the command line: `rag users ...`, `rag audit ...`, `rag serve --team`, and the
+users `rag migrate` copies; on SQLite and on PostgreSQL (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ from rag import auth, cli, store
 from rag.errors import AuthError
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def db_path(backend_db: Path | str) -> Path | str:
+    """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py)."""
+    return backend_db
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +45,7 @@ def run(argv: list[str], monkeypatch: pytest.MonkeyPatch, stdin: str = "") -> in
     return cli.main(argv)
 
 
-def sign_in(db_path: Path, name: str, password: str) -> auth.Session:
+def sign_in(db_path: Path | str, name: str, password: str) -> auth.Session:
     conn = store.open_db(db_path)
     try:
         return auth.authenticate(conn, name, password, T0)
@@ -47,7 +54,7 @@ def sign_in(db_path: Path, name: str, password: str) -> auth.Session:
 
 
 def test_users_add_list_passwd_groups_role_disable_enable_with_the_password_on_stdin(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    db_path: Path | str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = ["--db", str(db_path)]
     assert run(["users", "add", "root", "--role", "admin", *db], monkeypatch, "root-password\n") == 0
@@ -86,7 +93,7 @@ def test_users_add_list_passwd_groups_role_disable_enable_with_the_password_on_s
         assert password not in out
 
 
-def test_users_errors_are_one_line(db_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_users_errors_are_one_line(db_path: Path | str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     db = ["--db", str(db_path)]
     assert run(["users", "add", "bob", *db], monkeypatch, "short\n") == 1
@@ -100,11 +107,11 @@ def test_users_errors_are_one_line(db_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "already exists" in capsys.readouterr().err
     assert run(["users", "passwd", "nobody", *db], monkeypatch, "long-enough\n") == 1
     assert "no user named 'nobody'" in capsys.readouterr().err
-    assert run(["users", "list", "--db", str(db_path.parent / "missing.db")], monkeypatch) == 1
+    assert run(["users", "list", "--db", str(tmp_path / "missing.db")], monkeypatch) == 1
     assert "no database" in capsys.readouterr().err
 
 
-def test_a_terminal_is_asked_twice_with_getpass(db_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_terminal_is_asked_twice_with_getpass(db_path: Path | str, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     typed = iter(["typed-password", "typed-password", "first-typing", "second-typing"])
     prompts: list[str] = []
@@ -118,7 +125,7 @@ def test_a_terminal_is_asked_twice_with_getpass(db_path: Path, monkeypatch: pyte
     assert sign_in(db_path, "carol", "typed-password").user.name == "carol"  # unchanged
 
 
-def test_no_password_can_be_given_on_the_command_line(db_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_no_password_can_be_given_on_the_command_line(db_path: Path | str, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["users", "add", "dave", "--password", "in-argv-password"],
                  ["users", "passwd", "dave", "--password=in-argv-password"],
@@ -134,7 +141,7 @@ def test_no_password_can_be_given_on_the_command_line(db_path: Path, monkeypatch
     assert "--db" in options and not [o for o in options if "pass" in o or "secret" in o]
 
 
-def test_audit_log_since_user_csv_and_prune(db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_audit_log_since_user_csv_and_prune(db_path: Path | str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     db = ["--db", str(db_path)]
     assert run(["users", "add", "alice", *db], monkeypatch, "alice-password\n") == 0
@@ -190,12 +197,13 @@ def serve(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[s
 
 
 def test_serve_team_refuses_without_an_admin_and_prints_the_command(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    db_path: Path | str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = ["--db", str(db_path)]
     assert serve(["--team", *db], monkeypatch) == []  # no database at all
     err = capsys.readouterr().err
-    assert "team mode needs an admin" in err and f"    rag users add NAME --role admin --db {db_path}" in err
+    assert "team mode needs an admin" in err
+    assert f"    rag users add NAME --role admin --db {store.display_location(str(db_path))}" in err
     assert run(["users", "add", "root", "--role", "admin", *db], monkeypatch, "root-password\n") == 0
     assert run(["users", "add", "other", "--role", "admin", *db], monkeypatch, "root-password\n") == 0
     assert run(["users", "disable", "root", *db], monkeypatch) == 0
@@ -208,19 +216,20 @@ def test_serve_team_refuses_without_an_admin_and_prints_the_command(
     assert "rag users add NAME --role admin" in capsys.readouterr().err
 
 
-def test_serve_team_starts_streamlit_with_auth_on(db_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_serve_team_starts_streamlit_with_auth_on(db_path: Path | str, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     db = ["--db", str(db_path)]
     assert run(["users", "add", "root", "--role", "admin", *db], monkeypatch, "root-password\n") == 0
     [(command, env)] = serve(["--team", "--port", "8600", *db], monkeypatch)
     assert command[1:4] == ["-m", "streamlit", "run"] and command[4] == str(cli.app_script())
     assert command[5:] == ["--server.fileWatcherType", "none", "--server.port", "8600"]
-    assert env["RAG_AUTH"] == "1" and env["RAG_DB"] == str(db_path.resolve())
+    # a file is made absolute (Streamlit runs elsewhere); a PostgreSQL URL is passed on as it is
+    assert env["RAG_AUTH"] == "1" and env["RAG_DB"] == (db_path if isinstance(db_path, str) else str(db_path.resolve()))
     assert "team mode (sign-in required)" in capsys.readouterr().err
 
 
 def test_serve_desktop_needs_no_admin_and_auth_true_in_rag_toml_means_team(
-    db_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    db_path: Path | str, data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     [(_, env)] = serve(["--db", str(db_path)], monkeypatch)
     assert "RAG_AUTH" not in env and "desktop mode" in capsys.readouterr().err
@@ -230,7 +239,7 @@ def test_serve_desktop_needs_no_admin_and_auth_true_in_rag_toml_means_team(
     assert "team mode needs an admin" in capsys.readouterr().err
 
 
-def test_cmd_serve_takes_an_injected_launcher(db_path: Path) -> None:
+def test_cmd_serve_takes_an_injected_launcher(db_path: Path | str) -> None:
     from rag.resources import Resources
 
     calls: list[Any] = []
@@ -238,3 +247,47 @@ def test_cmd_serve_takes_an_injected_launcher(db_path: Path) -> None:
     resources = Resources(cli.load_settings(db_path=db_path))
     assert cli.cmd_serve(args, resources, launch=lambda command, env: calls.append(command) or 7) == 7
     assert calls and calls[0][-2:] == ["--server.fileWatcherType", "none"]
+
+
+def test_migrate_copies_the_users_and_the_audit_log_to_postgresql(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "team.db"
+    db = ["--db", str(source)]
+    assert run(["users", "add", "root", "--role", "admin", *db], monkeypatch, "root-password\n") == 0
+    assert run(["users", "add", "alice", "--groups", "hr", *db], monkeypatch, "alice-password\n") == 0
+    with pytest.raises(AuthError):
+        sign_in(source, "alice", "wrong-password")
+    capsys.readouterr()
+
+    assert cli.main(["migrate", str(source), pg_url]) == 0  # no collection: only the desk's users and log
+    assert capsys.readouterr().out == "users: 2 copied, 0 already there; audit log: 3 rows copied, 0 already there\n"
+    assert sign_in(pg_url, "alice", "alice-password").user.groups == ["hr"]
+    assert run(["users", "list", "--db", pg_url], monkeypatch) == 0
+    assert "alice                reader  active   groups: hr" in capsys.readouterr().out
+    assert run(["audit", "--user", "alice", "--db", pg_url], monkeypatch) == 0
+    assert [line.split()[2] for line in capsys.readouterr().out.splitlines()] == [
+        "sign_in_failed", "sign_in"]  # the copied failure, then the sign-in on the new database
+    [(_, env)] = serve(["--team", "--db", pg_url], monkeypatch)  # the copied admin lets team mode start
+    assert env["RAG_DB"] == pg_url and env["RAG_AUTH"] == "1"
+    capsys.readouterr()
+
+    assert cli.main(["migrate", str(source), pg_url]) == 0  # again: nothing new
+    assert capsys.readouterr().out.endswith("users: 0 copied, 2 already there; audit log: 0 rows copied, "
+                                            "3 already there\n")
+
+    assert cli.main(["migrate", str(source), str(tmp_path / "empty.db"), "--no-users"]) == 0
+    assert "users:" not in capsys.readouterr().out
+    assert run(["users", "list", "--db", str(tmp_path / "empty.db")], monkeypatch) == 0
+    assert "no users" in capsys.readouterr().out
+    assert cli.main(["migrate", str(tmp_path / "empty.db"), str(tmp_path / "copy.db")]) == 0
+    assert "users:" not in capsys.readouterr().out  # a desktop desk: no users, no log, no line about them
+
+    other = tmp_path / "other.db"
+    assert run(["users", "add", "ALICE", "--db", str(other)], monkeypatch, "a different one\n") == 0
+    capsys.readouterr()
+    assert cli.main(["migrate", str(source), str(other), "--no-audit"]) == 1
+    out = capsys.readouterr().out
+    assert "users: 1 copied, 0 already there, 1 differ: NOT VERIFIED" in out and "audit log" not in out
+    assert "user 'alice' exists in the destination with another password, role, groups or state" in out
+    assert sign_in(other, "alice", "a different one").user.name == "ALICE"  # left as it was there

@@ -142,6 +142,25 @@ def test_chats_are_kept_per_collection_in_order_and_the_latest_is_found(conn: st
     assert [t.question for t in chat_turns(conn, "default", first)] == [PORT_Q]
 
 
+def test_chats_are_kept_per_user_and_desktop_chats_are_nobodys(conn: store.Connection) -> None:
+    from argon2 import PasswordHasher
+
+    from rag import auth
+
+    with pytest.MonkeyPatch.context() as patch:  # argon2 at tiny costs: only the ids matter here
+        patch.setattr(auth, "PASSWORD_HASHER", PasswordHasher(time_cost=1, memory_cost=8, parallelism=1))
+        ana, bo = (auth.add_user(conn, name, "long enough password").id for name in ("ana", "bo"))
+    chats = {who: conversation.new_chat_id() for who in ("ana", "bo", "desk")}
+    for who, user_id in (("ana", ana), ("bo", bo), ("desk", None)):
+        save_turn(conn, collection="default", chat_id=chats[who], question=f"{who}?", searched=f"{who}?",
+                  answer=_answer(), groups=["all"], user_id=user_id)
+    assert latest_chat_id(conn, "default", ana) == chats["ana"] and latest_chat_id(conn, "default", bo) == chats["bo"]
+    assert latest_chat_id(conn, "default") == chats["desk"]  # the desktop's chat, not the newest user's
+    assert [t.question for t in chat_turns(conn, "default", chats["ana"], ana)] == ["ana?"]
+    assert chat_turns(conn, "default", chats["ana"], bo) == [] and chat_turns(conn, "default", chats["ana"]) == []
+    assert chat_turns(conn, "default", chats["desk"])[0].user_id is None
+
+
 def test_a_chat_survives_reopening_the_database(db_path: Path) -> None:
     conn = store.open_db(db_path)
     chat = conversation.new_chat_id()

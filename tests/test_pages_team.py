@@ -1,7 +1,11 @@
 """Team mode in the app (issue 20), page by page with Streamlit's AppTest: sign-in on every page,
 wrong passwords and the lock, idle expiry, what each role sees and may do, the signed-in user's
 groups on every view (a forbidden ?document= is refused like a missing one), the audit of
-questions and each user's history, the admin page. Desktop mode is tests/test_pages.py, unchanged."""
+questions and each user's history, the admin page. Desktop mode is tests/test_pages.py, unchanged.
+
+The tests marked ``BOTH`` run on SQLite and on PostgreSQL (sign-in and the lock, a reader's
+restricted documents, the sidebar's counts, the audited question and its history, the admin page);
+the others on SQLite only, as every page reads through the same library calls."""
 
 from __future__ import annotations
 
@@ -18,9 +22,9 @@ from streamlit.testing.v1 import AppTest
 from rag import auth, store, ui, ui_auth
 from rag.config import load_settings
 from rag.errors import PermissionDeniedError, QueryError
-from rag.ingest import ingest
+from rag.ingest import index_health, ingest
 
-from .conftest import GUIDE
+from .conftest import BACKENDS, GUIDE
 from .fakes import FakeEmbedder
 from .test_pages import APP, TIMEOUT, ForbiddenLLM, ScriptedStream, texts
 
@@ -33,6 +37,15 @@ USERS = {  # name: (role, groups); admin-operations.md is the guide's one docume
     "rui": ("reader", []),
     "eddie": ("editor", []),
 }
+
+
+BOTH = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """SQLite, unless a test is marked ``BOTH`` (tests/conftest.py's fixture runs every test on both)."""
+    return str(getattr(request, "param", "sqlite"))
 
 
 @pytest.fixture(autouse=True)
@@ -49,8 +62,12 @@ def fake_models() -> Iterator[FakeEmbedder]:
 
 
 @pytest.fixture
-def team_db(data_dir: Path, fake_models: FakeEmbedder) -> Path:
-    """docs/guide ingested with the fake embedder, and the users of ``USERS``."""
+def team_db(data_dir: Path, fake_models: FakeEmbedder, backend: str, request: pytest.FixtureRequest,
+            monkeypatch: pytest.MonkeyPatch) -> Path | str:
+    """docs/guide ingested with the fake embedder, and the users of ``USERS``; the app's database
+    (RAG_DB) is a PostgreSQL one for the tests marked ``BOTH``."""
+    if backend == "postgres":
+        monkeypatch.setenv("RAG_DB", request.getfixturevalue("pg_url"))
     settings = load_settings()
     conn = store.open_db(settings.db_path)
     try:
@@ -93,7 +110,7 @@ def nav_titles(at: AppTest) -> list[str]:
     return [link.proto.label for link in at.sidebar.get("page_link")]
 
 
-def rows(db: Path, action: str | None = None) -> list[auth.AuditRow]:
+def rows(db: Path | str, action: str | None = None) -> list[auth.AuditRow]:
     conn = store.open_db(db)
     try:
         return auth.audit_rows(conn, action=action)
@@ -101,7 +118,7 @@ def rows(db: Path, action: str | None = None) -> list[auth.AuditRow]:
         conn.close()
 
 
-def document_id(db: Path, source: str) -> int:
+def document_id(db: Path | str, source: str) -> int:
     conn = store.open_db(db)
     try:
         return int(next(r for r in store.chunk_rows(conn) if r["source"] == source)["document_id"])
@@ -118,7 +135,7 @@ def marked_html(at: AppTest) -> list[str]:
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_page_asks_for_a_sign_in_first(team_db: Path, page: str) -> None:
+def test_every_page_asks_for_a_sign_in_first(team_db: Path | str, page: str) -> None:
     at = open_page(page, document=str(document_id(team_db, "admin-operations.md")))
     assert is_sign_in_form(at)
     assert not at.sidebar.get("page_link") and not at.sidebar.metric  # no navigation, no index health
@@ -126,7 +143,8 @@ def test_every_page_asks_for_a_sign_in_first(team_db: Path, page: str) -> None:
     assert [t.label for t in at.text_input] == ["Name", "Password"]
 
 
-def test_sign_in_opens_the_page_and_sign_out_ends_the_session(team_db: Path) -> None:
+@BOTH
+def test_sign_in_opens_the_page_and_sign_out_ends_the_session(team_db: Path | str) -> None:
     at = signed_in("app.py", "rui")
     assert at.title[0].value == "Ask" and at.chat_input
     assert any("Signed in as **rui** · reader" in c.value for c in at.sidebar.caption)
@@ -149,7 +167,7 @@ def test_sign_in_opens_the_page_and_sign_out_ends_the_session(team_db: Path) -> 
     assert [r.action for r in rows(team_db)][-1] == "sign_out"
 
 
-def test_a_session_cookie_signs_in_a_new_tab_and_a_bad_one_does_not(team_db: Path) -> None:
+def test_a_session_cookie_signs_in_a_new_tab_and_a_bad_one_does_not(team_db: Path | str) -> None:
     conn = store.open_db(team_db)
     try:
         session = auth.authenticate(conn, "hana", PASSWORD, auth.utcnow())
@@ -171,8 +189,9 @@ def test_the_cookie_script_sets_and_clears_only_a_token() -> None:
         ui_auth.cookie_script("x'; alert(1); '")
 
 
+@BOTH
 def test_a_wrong_password_is_refused_and_repeated_ones_lock_the_name(
-    team_db: Path, monkeypatch: pytest.MonkeyPatch
+    team_db: Path | str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAG_LOCKOUT_FAILURES", "3")
     at = open_page("app.py")
@@ -190,7 +209,7 @@ def test_a_wrong_password_is_refused_and_repeated_ones_lock_the_name(
     assert all("not my password" not in str(r.detail) for r in rows(team_db))
 
 
-def test_a_session_left_idle_ends_with_a_plain_message(team_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_session_left_idle_ends_with_a_plain_message(team_db: Path | str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAG_SESSION_IDLE_MINUTES", "30")
     at = signed_in("app.py", "rui")
     assert at.title[0].value == "Ask"
@@ -211,7 +230,7 @@ def test_team_mode_without_an_admin_says_how_to_create_one(data_dir: Path, fake_
 # Roles: links, pages, controls and the check in the action's path
 
 
-def test_each_role_sees_the_links_of_its_pages(team_db: Path) -> None:
+def test_each_role_sees_the_links_of_its_pages(team_db: Path | str) -> None:
     assert nav_titles(signed_in("app.py", "rui")) == ["Ask", "Source", "Chunks"]
     assert nav_titles(signed_in("app.py", "eddie")) == ["Ask", "Source", "Documents", "Chunks"]
     assert nav_titles(signed_in("app.py", "ada")) == ["Ask", "Source", "Documents", "Chunks", "Evaluation",
@@ -223,7 +242,7 @@ def test_each_role_sees_the_links_of_its_pages(team_db: Path) -> None:
     ("pages/settings.py", "may not change settings"), ("pages/admin.py", "may not manage users"),
 ])
 def test_a_reader_is_refused_the_upload_evaluation_settings_and_admin_pages(
-    team_db: Path, page: str, refusal: str
+    team_db: Path | str, page: str, refusal: str
 ) -> None:
     at = signed_in("app.py", "rui")
     at.switch_page(page).run()
@@ -233,7 +252,7 @@ def test_a_reader_is_refused_the_upload_evaluation_settings_and_admin_pages(
     assert not at.dataframe and not at.get("file_uploader") and not at.main.text_input
 
 
-def test_the_library_refuses_a_reader_what_the_page_hides(team_db: Path) -> None:
+def test_the_library_refuses_a_reader_what_the_page_hides(team_db: Path | str) -> None:
     conn = store.open_db(team_db)
     try:
         reader = auth.require_user(conn, "rui")
@@ -255,7 +274,8 @@ def test_the_library_refuses_a_reader_what_the_page_hides(team_db: Path) -> None
         conn.close()
 
 
-def test_an_editor_uploads_into_the_collection_but_cannot_delete_or_create_one(team_db: Path) -> None:
+@BOTH
+def test_an_editor_uploads_into_the_collection_but_cannot_delete_or_create_one(team_db: Path | str) -> None:
     at = signed_in("app.py", "eddie")
     at.switch_page("pages/documents.py").run()
     assert not at.exception and at.title[0].value == "Documents"
@@ -268,7 +288,7 @@ def test_an_editor_uploads_into_the_collection_but_cannot_delete_or_create_one(t
     assert len(table) == 14
 
 
-def test_an_admin_deletes_a_document_and_the_log_says_who(team_db: Path) -> None:
+def test_an_admin_deletes_a_document_and_the_log_says_who(team_db: Path | str) -> None:
     at = signed_in("app.py", "ada")
     at.switch_page("pages/documents.py").run()
     at.multiselect[0].select("index.md")
@@ -283,7 +303,8 @@ def test_an_admin_deletes_a_document_and_the_log_says_who(team_db: Path) -> None
 # The signed-in user's groups on every view
 
 
-def test_a_forbidden_source_url_is_refused_like_a_missing_one(team_db: Path) -> None:
+@BOTH
+def test_a_forbidden_source_url_is_refused_like_a_missing_one(team_db: Path | str) -> None:
     doc = document_id(team_db, "admin-operations.md")
     at = signed_in("pages/source.py", "rui", document=str(doc), groups="admin", **{"from": "0", "to": "40"})
     refused = at.error[0].value
@@ -295,7 +316,8 @@ def test_a_forbidden_source_url_is_refused_like_a_missing_one(team_db: Path) -> 
     assert not at.error and marked_html(at)
 
 
-def test_the_chunks_and_source_pickers_hold_only_the_users_documents(team_db: Path) -> None:
+@BOTH
+def test_the_chunks_and_source_pickers_hold_only_the_users_documents(team_db: Path | str) -> None:
     for name, sees in (("rui", False), ("hana", True)):
         at = signed_in("pages/chunks.py", name)
         picker = next(s for s in at.main.selectbox if s.label == "Document")
@@ -305,7 +327,36 @@ def test_the_chunks_and_source_pickers_hold_only_the_users_documents(team_db: Pa
         assert any("admin-operations.md" in o for o in picker.options) is sees
 
 
-def test_an_admin_previews_other_groups_and_it_is_labelled(team_db: Path) -> None:
+def health(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.sidebar.metric}
+
+
+@BOTH
+def test_the_sidebar_counts_only_what_the_reader_may_see(team_db: Path | str) -> None:
+    conn = store.open_db(team_db)
+    try:
+        settings = load_settings()
+        everything = index_health(conn, settings, "default")
+        public = index_health(conn, settings, "default", ["all"])
+        chunks = store.chunk_rows(conn, collection="default")
+    finally:
+        conn.close()
+    admin_only = sum(r["source"] == "admin-operations.md" for r in chunks)
+    assert (everything.documents, public.documents) == (15, 14)  # admin-operations.md is the admin group's
+    assert (everything.chunks, public.chunks) == (len(chunks), len(chunks) - admin_only) and admin_only > 0
+
+    rui = health(signed_in("app.py", "rui"))
+    assert (rui["Documents"], rui["Chunks"]) == ("14", str(public.chunks))
+    hana = signed_in("app.py", "hana")  # a reader of the admin group
+    assert (health(hana)["Documents"], health(hana)["Chunks"]) == ("15", str(everything.chunks))
+    assert any("**15** documents" in m.value for m in hana.markdown)  # the Ask page's line, likewise
+    ada = signed_in("pages/chunks.py", "ada")  # an admin reads with their own groups, then a preview
+    assert health(ada)["Documents"] == "14"
+    ada.sidebar.multiselect(key=ui_auth.PREVIEW_KEY).select("admin").run()
+    assert health(ada)["Documents"] == "15"
+
+
+def test_an_admin_previews_other_groups_and_it_is_labelled(team_db: Path | str) -> None:
     at = signed_in("pages/source.py", "ada")
     picker = next(s for s in at.main.selectbox if s.label == "Document")
     assert not any("admin-operations.md" in o for o in picker.options)  # an admin is not in every group
@@ -321,8 +372,9 @@ def test_an_admin_previews_other_groups_and_it_is_labelled(team_db: Path) -> Non
 # Questions: asked with the user's groups, audited, kept per user, listed in their history
 
 
+@BOTH
 def test_a_question_is_asked_with_the_users_groups_audited_and_in_their_history(
-    team_db: Path, fake_models: FakeEmbedder
+    team_db: Path | str, fake_models: FakeEmbedder
 ) -> None:
     stream = ScriptedStream("answered", team_db, fake_models)
     with mock.patch("rag.ask.ask_stream", stream):
@@ -345,7 +397,7 @@ def test_a_question_is_asked_with_the_users_groups_audited_and_in_their_history(
         "Your questions (0)"
 
 
-def test_a_stopped_question_is_audited_with_what_was_shown(team_db: Path, fake_models: FakeEmbedder) -> None:
+def test_a_stopped_question_is_audited_with_what_was_shown(team_db: Path | str, fake_models: FakeEmbedder) -> None:
     from rag.records import Retrieved
 
     def stopped(question: str, **kwargs: Any) -> Iterator[Any]:
@@ -379,7 +431,8 @@ def test_a_stopped_question_is_audited_with_what_was_shown(team_db: Path, fake_m
 # Admin page
 
 
-def test_the_admin_page_adds_a_user_and_shows_the_log_as_csv(team_db: Path) -> None:
+@BOTH
+def test_the_admin_page_adds_a_user_and_shows_the_log_as_csv(team_db: Path | str) -> None:
     at = signed_in("app.py", "ada")
     at.switch_page("pages/admin.py").run()
     assert not at.exception and at.title[0].value == "Admin"
@@ -406,7 +459,7 @@ def test_the_admin_page_adds_a_user_and_shows_the_log_as_csv(team_db: Path) -> N
 
 
 def test_the_admin_page_in_desktop_mode_says_team_mode_is_off(
-    team_db: Path, monkeypatch: pytest.MonkeyPatch
+    team_db: Path | str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAG_AUTH", "false")
     at = open_page("pages/admin.py")

@@ -147,9 +147,18 @@ def test_passwords_never_reach_messages() -> None:
     assert store.display_location("postgresql://a:b@h/d") == "postgresql://a:***@h/d"
 
 
-def test_team_mode_is_refused_on_postgres(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["users", "list", "--db", pg_url]) == 1
-    assert "not available on PostgreSQL yet" in capsys.readouterr().err
+def test_team_mode_runs_on_postgres_and_a_search_cannot_read_its_tables(
+    pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["users", "list", "--db", pg_url]) == 0  # tests/test_auth.py and test_cli_users.py: the rest
+    assert "no users" in capsys.readouterr().out
+    conn = store.open_db(pg_url)
+    try:
+        for table in ("users", "sessions", "sign_in_failures", "audit_log"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), pg.reader(conn, [1]):
+                conn.execute(f"SELECT * FROM {table}")  # rag_reader: no privilege on team mode's tables
+    finally:
+        conn.close()
 
 
 def test_cli_errors_from_the_server_are_one_line(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
