@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -30,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import psycopg
+from pgvector.psycopg import register_vector
 from psycopg import sql as pgsql
 
 from rag.errors import StorageError
@@ -129,6 +131,7 @@ class PgConnection:
         self.raw = raw
         self.location = location
         self.reading = False  # inside ``reader()``: the searches' role and access keys are set
+        self.vector_types = False  # pgvector's dumpers registered (``_vector_types``)
 
     def execute(self, statement: str, params: Sequence[Any] | dict[str, Any] = ()) -> Result:
         text = translate(statement)
@@ -316,6 +319,86 @@ def ensure_vector_index(conn: PgConnection, dimension: int) -> str:
     return name
 
 
+# The indexes a bulk load builds once at the end instead of row by row, as pg_restore creates
+# indexes after the data and pgvector's documentation advises ("add an index after loading your
+# initial data"): the HNSW index of the loaded dimension (ensure_vector_index), the GIN index of
+# the phrase queries and the term-ordered posting index, whose every insert lands on a random
+# page. Each statement is its definition in db/migrations_pg/0001_initial.sql (tests/test_pg.py
+# compares them). Constraints and the append-mostly indexes (ids, access keys) stay: the load's
+# own statements need them (the document lookup, ON CONFLICT, the cascades).
+BULK_INDEXES = {
+    "chunks_fts": "CREATE INDEX IF NOT EXISTS chunks_fts ON chunks USING gin (fts)",
+    "fts_postings_scan": "CREATE INDEX IF NOT EXISTS fts_postings_scan ON fts_postings (term) "
+                         "INCLUDE (collection_id, acl, chunk_id, tf_heading, tf_body, length)",
+}
+# Memory for those builds (this session only): pgvector builds HNSW fastest while the graph fits
+# (about 2 KB per 384-d vector); capped so that a bulk load never asks a shared server for more.
+BULK_MAINTENANCE_WORK_MEM_MB = 2048
+
+
+def bulk_index_names(dimensions: Iterable[int]) -> list[str]:
+    return [*BULK_INDEXES, *(index_name(d) for d in sorted({int(d) for d in dimensions}))]
+
+
+def missing_bulk_indexes(conn: PgConnection, dimensions: Iterable[int]) -> list[str]:
+    """The bulk-load indexes absent from the database (a bulk load that did not finish)."""
+    wanted = bulk_index_names(dimensions)
+    present = {r[0] for r in conn.query("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+                                        "AND indexname = ANY(%s)", (wanted,))}
+    return [name for name in wanted if name not in present]
+
+
+def drop_bulk_indexes(conn: PgConnection, dimensions: Iterable[int]) -> None:
+    for name in bulk_index_names(dimensions):
+        conn.query(f"DROP INDEX IF EXISTS {name}")
+
+
+def build_indexes(conn: PgConnection, dimensions: Iterable[int],
+                  maintenance_work_mem_mb: int = BULK_MAINTENANCE_WORK_MEM_MB) -> dict[str, float]:
+    """Create the missing bulk-load indexes, then VACUUM ANALYZE the tables (the posting lists are
+    read by index-only scans, which need the visibility map). Returns seconds per index built."""
+    dims = {index_name(d): int(d) for d in dimensions}
+    missing = missing_bulk_indexes(conn, dims.values())
+    if not missing:
+        return {}
+    seconds: dict[str, float] = {}
+    previous = conn.query("SHOW maintenance_work_mem")[0][0]
+    conn.query(f"SET maintenance_work_mem = '{int(maintenance_work_mem_mb)}MB'")
+    try:
+        for name in missing:
+            clock = time.perf_counter()
+            if name in BULK_INDEXES:
+                conn.query(BULK_INDEXES[name])
+            else:
+                ensure_vector_index(conn, dims[name])
+            seconds[name] = time.perf_counter() - clock
+    finally:
+        conn.query("SELECT set_config('maintenance_work_mem', %s, false)", (previous,))
+    clock = time.perf_counter()
+    for table in ("chunks", "fts_postings", "chunk_vectors", "window_vectors", "fts_terms"):
+        conn.query(f"VACUUM ANALYZE {table}")
+    seconds["vacuum analyze"] = time.perf_counter() - clock
+    return seconds
+
+
+@contextmanager
+def bulk_load(conn: PgConnection, dimensions: Iterable[int]) -> Iterator[dict[str, float]]:
+    """Many documents at once (``rag migrate`` into an empty database, the benchmark): the bulk
+    indexes are dropped for the load and built once at the end, also after an error, so the
+    database is left whole (a killed load is finished by ``build_indexes``, which ``rag migrate``
+    runs when it resumes). Every document is still written in its own transaction, and searches
+    during the load stay correct, only slower (sequential scans). Yields a dict that receives
+    the seconds of each index build.
+    """
+    dims = sorted({int(d) for d in dimensions})
+    drop_bulk_indexes(conn, dims)
+    built: dict[str, float] = {}
+    try:
+        yield built
+    finally:
+        built.update(build_indexes(conn, dims))
+
+
 def fts_tokens(text: str) -> list[str]:
     """The FTS terms of folded text: runs of letters and digits, as FTS5's unicode61 splits it
     (PostgreSQL's own parser keeps "vpn-403" or "/etc/hosts" whole, so the application splits)."""
@@ -387,25 +470,30 @@ FROM unnest(%(ordinal)s::int[], %(section)s::text[], %(text)s::text[], %(content
 RETURNING id, ordinal
 """
 
-INSERT_POSTINGS = """
-INSERT INTO fts_postings (term, chunk_id, collection_id, acl, tf_heading, tf_body, length)
-SELECT p.term, p.chunk_id, %(collection_id)s, %(key)s, p.tf_heading, p.tf_body, p.length
-FROM unnest(%(term)s::text[], %(chunk_id)s::bigint[], %(tf_heading)s::smallint[], %(tf_body)s::smallint[],
-            %(length)s::int[]) AS p(term, chunk_id, tf_heading, tf_body, length)
-"""
-
-INSERT_VECTORS = """
-INSERT INTO chunk_vectors (chunk_id, collection_id, acl, dimension, embedding)
-SELECT v.chunk_id, %(collection_id)s, %(key)s, %(dimension)s, v.embedding::vector
-FROM unnest(%(chunk_id)s::bigint[], %(embedding)s::text[]) AS v(chunk_id, embedding)
-"""
+# The rows of postings and vectors (a hundred per chunk, and a vector each) go by COPY in binary:
+# no SQL text or array literal to build and parse, the vectors as pgvector's binary form (the
+# pgvector package's dumper). The column types are the tables' own: binary COPY carries no types.
+COPY_POSTINGS = ("COPY fts_postings (term, chunk_id, collection_id, acl, tf_heading, tf_body, length) "
+                 "FROM STDIN (FORMAT BINARY)")
+POSTING_TYPES = ("text", "int8", "int4", "int4", "int2", "int2", "int4")
+COPY_VECTORS = "COPY chunk_vectors (chunk_id, collection_id, acl, dimension, embedding) FROM STDIN (FORMAT BINARY)"
+VECTOR_TYPES = ("int8", "int8", "int8", "int4", "vector")
+COPY_WINDOWS = "COPY window_vectors (chunk_id, ordinal, acl, embedding) FROM STDIN (FORMAT BINARY)"
+WINDOW_TYPES = ("int8", "int4", "int8", "vector")
 
 
-INSERT_WINDOWS = """
-INSERT INTO window_vectors (chunk_id, ordinal, acl, embedding)
-SELECT w.chunk_id, w.ordinal, %(key)s, w.embedding::vector
-FROM unnest(%(chunk_id)s::bigint[], %(ordinal)s::int[], %(embedding)s::text[]) AS w(chunk_id, ordinal, embedding)
-"""
+def _vector_types(conn: PgConnection) -> None:
+    """Register pgvector's numpy dumpers on the connection, once (the extension exists by now)."""
+    if not conn.vector_types:
+        register_vector(conn.raw)
+        conn.vector_types = True
+
+
+def _copy_rows(conn: PgConnection, statement: str, types: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    with conn.raw.cursor() as cursor, cursor.copy(statement) as copy:
+        copy.set_types(list(types))
+        for row in rows:
+            copy.write_row(row)
 
 
 def replace_document(
@@ -438,23 +526,18 @@ def replace_document(
                 columns[name].append(value)
         ids = {int(r[1]): int(r[0]) for r in conn.query(
             INSERT_CHUNKS, columns | {"document_id": document_id, "collection_id": collection.id, "key": key})}
-        postings: dict[str, list[Any]] = {"term": [], "chunk_id": [], "tf_heading": [], "tf_body": [], "length": []}
-        for stored, length in zip(chunks, columns["fts_length"], strict=True):
-            for term, (heading, body) in term_counts(stored.fts_heading, stored.fts_body).items():
-                for name, value in (("term", term), ("chunk_id", ids[stored.chunk.ordinal]), ("tf_heading", heading),
-                                    ("tf_body", body), ("length", length)):
-                    postings[name].append(value)
-        conn.query(INSERT_POSTINGS, postings | {"collection_id": collection.id, "key": key})
-        conn.query(INSERT_VECTORS, {
-            "collection_id": collection.id, "key": key, "dimension": collection.dimension,
-            "chunk_id": [ids[s.chunk.ordinal] for s in chunks],
-            "embedding": [vector_literal(s.vector) for s in chunks],
-        })
-        windows = [(ids[s.chunk.ordinal], i, vector_literal(v)) for s in chunks if s.windows is not None
-                   for i, v in enumerate(np.asarray(s.windows))]
+        _vector_types(conn)
+        _copy_rows(conn, COPY_POSTINGS, POSTING_TYPES, (
+            (term, ids[stored.chunk.ordinal], collection.id, key, heading, body, length)
+            for stored, length in zip(chunks, columns["fts_length"], strict=True)
+            for term, (heading, body) in term_counts(stored.fts_heading, stored.fts_body).items()))
+        _copy_rows(conn, COPY_VECTORS, VECTOR_TYPES, (
+            (ids[s.chunk.ordinal], collection.id, key, collection.dimension, np.asarray(s.vector, dtype=np.float32))
+            for s in chunks))
+        windows = [(ids[s.chunk.ordinal], i, key, np.asarray(v, dtype=np.float32))
+                   for s in chunks if s.windows is not None for i, v in enumerate(np.asarray(s.windows))]
         if windows:
-            conn.query(INSERT_WINDOWS, {"key": key, "chunk_id": [w[0] for w in windows],
-                                        "ordinal": [w[1] for w in windows], "embedding": [w[2] for w in windows]})
+            _copy_rows(conn, COPY_WINDOWS, WINDOW_TYPES, windows)
     conn.query("UPDATE documents SET status = 'ok', chunk_count = %(n)s WHERE id = %(id)s",
                {"n": len(chunks), "id": document_id})
     return document_id

@@ -4,6 +4,8 @@ Documents are copied with their chunks, folded FTS texts and stored vectors (not
 re-embedded), each through ``store.replace_document``, so each lands in ONE transaction on the
 destination and an interrupted copy leaves whole documents only. Run it again to resume: a
 document already in DEST with the same content hash, status and chunk count is skipped.
+Into an empty PostgreSQL database the copy is a bulk load (``rag.pg.bulk_load``): the search
+indexes are built once at the end, as an ops team restores a dump, instead of row by row.
 Afterwards the copy is verified by counts (documents, chunks per collection) and by the SHA-256
 of a sample of vectors, matched by (source, ordinal).
 
@@ -18,6 +20,7 @@ import hashlib
 import json
 import random
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,39 +130,75 @@ def _sample_vectors(conn: store.Connection, collection: Collection, keys: Sequen
     return {by_id[i]: vector_checksum(v) for i, v in vectors.items()}
 
 
+def bulk_wanted(dest: store.Connection, dimensions: Sequence[int]) -> bool:
+    """Whether to copy into ``dest`` as a bulk load (``rag.pg.bulk_load``): a PostgreSQL database
+    holding no chunks yet, or one whose bulk-load indexes an interrupted copy left unbuilt. A
+    database already in use keeps its indexes and takes the documents one by one."""
+    if not store.is_postgres(dest):
+        return False
+    from rag import pg
+
+    empty = dest.execute("SELECT NOT EXISTS (SELECT 1 FROM chunks)").fetchone()[0]
+    return bool(empty) or bool(pg.missing_bulk_indexes(dest, dimensions))
+
+
 def copy_collections(
     src: store.Connection, dest: store.Connection, collections: Sequence[str] | None = None, *,
     sample: int = VERIFY_SAMPLE, seed: int = 1337, progress: Callable[[str, int, int], None] | None = None,
+    bulk: bool | None = None,
 ) -> list[CollectionCopy]:
     """Copy ``collections`` (default: all) from ``src`` to ``dest`` and verify the copy.
+
+    ``bulk`` (default: ``bulk_wanted``) loads a PostgreSQL DEST with its search indexes built
+    once at the end instead of row by row (``rag.pg.bulk_load``); each document is still one
+    transaction.
 
     Raises NotFoundError for an unknown collection name, IndexMismatchError when DEST holds a
     collection of that name built with another embedding model.
     """
     names = list(collections) if collections else [c.name for c in store.list_collections(src)]
-    reports = []
-    for name in names:
-        source = store.require_collection(src, name)
-        target = _target_collection(dest, source)
-        rows = store.document_rows(src, name)
-        withheld = store.withheld_access_key(src) if any(r["groups"] == store.WITHHELD_GROUPS for r in rows) else None
-        copied = skipped = 0
-        for i, row in enumerate(rows, start=1):
-            if _unchanged(row, store.find_document(dest, target.id, row["source"])):
-                skipped += 1
-            else:
-                _copy_document(src, dest, source, target, row)
-                copied += 1
-            if progress is not None:
-                progress(name, i, len(rows))
-        keys = [(r["source"], int(r["ordinal"])) for r in store.chunk_rows(src, collection=name)
-                if r["access_key"] != withheld]
-        picked = random.Random(seed).sample(keys, min(sample, len(keys)))
-        theirs = _sample_vectors(src, source, picked)
-        ours = _sample_vectors(dest, target, picked)
-        differing = sorted(f"{s}#{o}" for s, o in picked if theirs.get((s, o)) != ours.get((s, o)))
-        src_docs, src_chunks = _counts(src, source.id)
-        dest_docs, dest_chunks = _counts(dest, target.id)
-        reports.append(CollectionCopy(name, copied, skipped, (src_docs, dest_docs), (src_chunks, dest_chunks),
-                                      len(picked), differing))
-    return reports
+    pairs = [(source, _target_collection(dest, source)) for source in (store.require_collection(src, n) for n in names)]
+    dimensions = sorted({target.dimension for _, target in pairs})
+    if bulk is None:
+        bulk = bulk_wanted(dest, dimensions)
+    with ExitStack() as stack:
+        if bulk and store.is_postgres(dest):
+            from rag import pg
+
+            stack.enter_context(pg.bulk_load(dest, dimensions))
+        counts = [_copy_documents(src, dest, source, target, progress) for source, target in pairs]
+    return [_verify(src, dest, source, target, copied, skipped, sample, seed)
+            for (source, target), (copied, skipped) in zip(pairs, counts, strict=True)]
+
+
+def _copy_documents(src: store.Connection, dest: store.Connection, source: Collection, target: Collection,
+                    progress: Callable[[str, int, int], None] | None) -> tuple[int, int]:
+    """Copy one collection's documents; (copied, skipped as already there unchanged)."""
+    rows = store.document_rows(src, source.name)
+    copied = skipped = 0
+    for i, row in enumerate(rows, start=1):
+        if _unchanged(row, store.find_document(dest, target.id, row["source"])):
+            skipped += 1
+        else:
+            _copy_document(src, dest, source, target, row)
+            copied += 1
+        if progress is not None:
+            progress(source.name, i, len(rows))
+    return copied, skipped
+
+
+def _verify(src: store.Connection, dest: store.Connection, source: Collection, target: Collection, copied: int,
+            skipped: int, sample: int, seed: int) -> CollectionCopy:
+    """Counts on both sides and the checksums of a sample of vectors, matched by (source, ordinal)."""
+    rows = store.document_rows(src, source.name)
+    withheld = store.withheld_access_key(src) if any(r["groups"] == store.WITHHELD_GROUPS for r in rows) else None
+    keys = [(r["source"], int(r["ordinal"])) for r in store.chunk_rows(src, collection=source.name)
+            if r["access_key"] != withheld]
+    picked = random.Random(seed).sample(keys, min(sample, len(keys)))
+    theirs = _sample_vectors(src, source, picked)
+    ours = _sample_vectors(dest, target, picked)
+    differing = sorted(f"{s}#{o}" for s, o in picked if theirs.get((s, o)) != ours.get((s, o)))
+    src_docs, src_chunks = _counts(src, source.id)
+    dest_docs, dest_chunks = _counts(dest, target.id)
+    return CollectionCopy(source.name, copied, skipped, (src_docs, dest_docs), (src_chunks, dest_chunks),
+                          len(picked), differing)
