@@ -318,6 +318,99 @@ def test_both_backends_give_the_same_hits(indexed: Any, pg_url: str, tmp_path: P
 
 
 # ---------------------------------------------------------------------------------------------
+# The write path (COPY) and bulk loads
+
+
+def test_copy_writes_postings_vectors_and_windows_exactly(pconn: Any) -> None:
+    """What COPY wrote reads back as written: the float32 bits of every vector and window vector,
+    and one posting row per term with its counts in each column and the chunk's length."""
+    coll = store.create_collection(pconn, "c", "fake", 8)
+    rng = np.random.default_rng(7)
+    chunks = []
+    for ordinal, (heading, body) in enumerate((("Leave", "vacation days carry over; vacation-403"),
+                                               ("Leave › Pay", "pay the days in cash, days"))):
+        text = f"{heading}\n\n{body}"
+        chunk = Chunk(ordinal, heading, body, text, 0, len(body))
+        chunks.append(store.StoredChunk(chunk, rng.standard_normal(8).astype(np.float32), heading.lower(),
+                                        body.lower(), rng.standard_normal((3, 8)).astype(np.float32)))
+    version = store.DocumentVersion("a.md", "/a.md", "A", ["hr"], "h", "b", "t", "text", "1", "fake", 8, "p")
+    document_id = store.replace_document(pconn, coll, version, chunks)
+    ids = [int(r["id"]) for r in store.chunk_rows(pconn, document_id)]
+    vectors = store.chunk_vectors(pconn, 8, ids)
+    windows = store.window_vectors(pconn, ids)
+    key = store.access_key(pconn, ["hr"])
+    for chunk_id, stored in zip(ids, chunks, strict=True):
+        assert vectors[chunk_id].tobytes() == stored.vector.tobytes()
+        assert windows[chunk_id].tobytes() == stored.windows.tobytes()  # type: ignore[union-attr]
+        rows = pconn.query("SELECT term, tf_heading, tf_body, length, collection_id, acl FROM fts_postings "
+                           "WHERE chunk_id = %s", (chunk_id,))
+        length = len(pg.fts_tokens(stored.fts_heading)) + len(pg.fts_tokens(stored.fts_body))
+        assert {r[0]: (r[1], r[2]) for r in rows} == pg.term_counts(stored.fts_heading, stored.fts_body)
+        assert {(r[3], r[4], r[5]) for r in rows} == {(length, coll.id, key)}
+    assert {r[0]: r[1] for r in pconn.query("SELECT acl, count(*) FROM window_vectors GROUP BY acl")} == {key: 6}
+
+
+def _index_definitions(conn: Any, dimension: int) -> dict[str, str]:
+    names = pg.bulk_index_names([dimension])
+    return {r[0]: r[1] for r in conn.query("SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(%s)",
+                                           (names,))}
+
+
+def test_migrate_into_an_empty_database_is_a_bulk_load_with_the_same_indexes_and_hits(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Into an empty database the copy drops the search indexes and builds them at the end: the
+    same definitions as the migrations' (and the HNSW index of ensure_vector_index), and the
+    same hits as SQLite on every stage."""
+    source_db = tmp_path / "src.db"
+    lite = store.open_db(source_db)
+    settings = load_settings(db_path=source_db)
+    ingest(lite, [write_corpus(tmp_path / "docs", CORPUS)], settings=settings, embedder=FakeEmbedder())
+    src = store.require_collection(lite, "default")
+    dest = store.open_db(pg_url)
+    store.create_collection(dest, src.name, src.embedder, src.dimension, src.strategy, src.metric)
+    before = _index_definitions(dest, src.dimension)
+    assert len(before) == 3 and transfer.bulk_wanted(dest, [src.dimension])
+    dropped: list[list[str]] = []
+    original = pg.build_indexes
+
+    def build(conn: Any, dimensions: Any, *args: Any) -> dict[str, float]:
+        dropped.append(pg.missing_bulk_indexes(conn, dimensions))
+        return original(conn, dimensions, *args)
+
+    monkeypatch.setattr(pg, "build_indexes", build)
+    assert transfer.copy_collections(lite, dest)[0].verified
+    assert dropped == [list(before)]  # all three were missing during the load
+    assert _index_definitions(dest, src.dimension) == before
+    assert not transfer.bulk_wanted(dest, [src.dimension])  # it holds chunks now
+    for query in ("vacation days", "lỗi VPN-403", "salary cap"):
+        for stage in ("dense", "fts", "hybrid"):
+            got = [[(h.source, h.char_from) for h in search(conn, query, embedder=FakeEmbedder(), stage=stage,
+                                                           settings=load_settings(db_path=db), groups=["hr"], k=8)]
+                   for conn, db in ((lite, source_db), (dest, pg_url))]
+            assert got[0] == got[1] and got[0], (query, stage)
+    lite.close()
+    dest.close()
+
+
+def test_bulk_load_builds_its_indexes_after_an_error_and_a_resumed_copy_finishes_them(
+        indexed: Any, tmp_path: Path) -> None:
+    coll = store.require_collection(indexed, "default")
+    before = _index_definitions(indexed, coll.dimension)
+    with pytest.raises(RuntimeError), pg.bulk_load(indexed, [coll.dimension]):
+        raise RuntimeError("the load failed")
+    assert _index_definitions(indexed, coll.dimension) == before
+    # a killed bulk load leaves them missing: the next copy into that database builds them
+    pg.drop_bulk_indexes(indexed, [coll.dimension])
+    assert transfer.bulk_wanted(indexed, [coll.dimension])
+    lite = store.open_db(tmp_path / "more.db")
+    ingest(lite, [write_corpus(tmp_path / "more", {"notes/extra.md": "# Extra\n\nA note on printers."})],
+           settings=load_settings(db_path=tmp_path / "more.db"), embedder=FakeEmbedder())
+    assert transfer.copy_collections(lite, indexed)[0].copied == 1
+    assert _index_definitions(indexed, coll.dimension) == before
+    lite.close()
+
+
+# ---------------------------------------------------------------------------------------------
 # rag migrate
 
 
