@@ -155,7 +155,7 @@ def server_facts(conn: pg.PgConnection) -> dict[str, Any]:
              "work_mem", "effective_cache_size")
     facts: dict[str, Any] = {name: conn.query(f"SHOW {name}")[0][0] for name in names}
     facts["pgvector"] = conn.query("SELECT extversion FROM pg_extension WHERE extname = 'vector'")[0][0]
-    facts["bulk_maintenance_work_mem_mb"] = pg.BULK_MAINTENANCE_WORK_MEM_MB
+    facts["bulk_maintenance_work_mem_max_mb"] = pg.BULK_MAINTENANCE_WORK_MEM_MAX_MB
     return facts
 
 
@@ -235,6 +235,7 @@ def grow(backends: Backends, lite: store.Connection, server: pg.PgConnection, co
     bulk = load > have  # the step more than doubles the chunks
     seconds: dict[str, float] = {}
     built: dict[str, float] = {}
+    memory_mb = 0
     if load:
         progress(f"{size:,} chunks: loading {load:,} synthetic chunks into both backends"
                  f"{' (PostgreSQL: bulk load)' if bulk else ''} (load {bench.load_average()})")
@@ -246,6 +247,7 @@ def grow(backends: Backends, lite: store.Connection, server: pg.PgConnection, co
         if bulk:
             progress(f"{size:,} chunks: building PostgreSQL's indexes (load {bench.load_average()})")
             clock = time.perf_counter()
+            memory_mb = pg.build_memory_mb(server, [coll.dimension])
             built = pg.build_indexes(server, [coll.dimension])
             seconds["postgres"] += time.perf_counter() - clock
     incremental: dict[str, float] = {}
@@ -256,8 +258,8 @@ def grow(backends: Backends, lite: store.Connection, server: pg.PgConnection, co
     return {name: {"load_chunks": load, "load_seconds": bench._r(seconds.get(name, 0.0), 2),
                    "load_chunks_per_s": _rate(load, seconds.get(name)),
                    "bulk": bulk and name == "postgres",
-                   **({"index_build_seconds": {k: bench._r(v, 1) for k, v in built.items()}}
-                      if bulk and name == "postgres" else {}),
+                   **({"index_build_seconds": {k: bench._r(v, 1) for k, v in built.items()},
+                       "index_build_memory_mb": memory_mb} if bulk and name == "postgres" else {}),
                    "incremental_chunks": sample,
                    "incremental_chunks_per_s": _rate(sample, incremental.get(name))}
             for name in backends}

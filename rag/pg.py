@@ -331,9 +331,26 @@ BULK_INDEXES = {
     "fts_postings_scan": "CREATE INDEX IF NOT EXISTS fts_postings_scan ON fts_postings (term) "
                          "INCLUDE (collection_id, acl, chunk_id, tf_heading, tf_body, length)",
 }
-# Memory for those builds (this session only): pgvector builds HNSW fastest while the graph fits
-# (about 2 KB per 384-d vector); capped so that a bulk load never asks a shared server for more.
-BULK_MAINTENANCE_WORK_MEM_MB = 2048
+# Memory for those builds (this session's maintenance_work_mem, never below the server's own):
+# pgvector builds HNSW fastest while the whole graph fits in it ("hnsw graph no longer fits into
+# maintenance_work_mem" otherwise), about 4 bytes per dimension plus 1 KB per vector (the 100k
+# index of 384-d vectors takes 195 MB); capped so that a bulk load never asks a shared server
+# for more than this.
+HNSW_BUILD_BYTES_PER_VECTOR = (4, 1024)  # (per dimension, per vector)
+BULK_MAINTENANCE_WORK_MEM_MAX_MB = 4096
+
+
+def build_memory_mb(conn: PgConnection, dimensions: Iterable[int]) -> int:
+    """maintenance_work_mem for the builds: what the largest HNSW graph needs, between the server's
+    own setting and BULK_MAINTENANCE_WORK_MEM_MAX_MB."""
+    per_dimension, per_vector = HNSW_BUILD_BYTES_PER_VECTOR
+    needed = 0
+    for dim in {int(d) for d in dimensions}:
+        vectors = int(conn.query("SELECT coalesce(sum(vectors), 0) FROM vector_counts WHERE dimension = %s",
+                                 (dim,))[0][0])
+        needed = max(needed, vectors * (per_dimension * dim + per_vector))
+    current = int(conn.query("SELECT pg_size_bytes(current_setting('maintenance_work_mem'))")[0][0])
+    return max(current, min(needed, BULK_MAINTENANCE_WORK_MEM_MAX_MB << 20)) >> 20
 
 
 def bulk_index_names(dimensions: Iterable[int]) -> list[str]:
@@ -353,17 +370,17 @@ def drop_bulk_indexes(conn: PgConnection, dimensions: Iterable[int]) -> None:
         conn.query(f"DROP INDEX IF EXISTS {name}")
 
 
-def build_indexes(conn: PgConnection, dimensions: Iterable[int],
-                  maintenance_work_mem_mb: int = BULK_MAINTENANCE_WORK_MEM_MB) -> dict[str, float]:
-    """Create the missing bulk-load indexes, then VACUUM ANALYZE the tables (the posting lists are
-    read by index-only scans, which need the visibility map). Returns seconds per index built."""
+def build_indexes(conn: PgConnection, dimensions: Iterable[int]) -> dict[str, float]:
+    """Create the missing bulk-load indexes (with ``build_memory_mb``), then VACUUM ANALYZE the
+    tables (the posting lists are read by index-only scans, which need the visibility map).
+    Returns seconds per index built."""
     dims = {index_name(d): int(d) for d in dimensions}
     missing = missing_bulk_indexes(conn, dims.values())
     if not missing:
         return {}
     seconds: dict[str, float] = {}
     previous = conn.query("SHOW maintenance_work_mem")[0][0]
-    conn.query(f"SET maintenance_work_mem = '{int(maintenance_work_mem_mb)}MB'")
+    conn.query(f"SET maintenance_work_mem = '{build_memory_mb(conn, dims.values())}MB'")
     try:
         for name in missing:
             clock = time.perf_counter()

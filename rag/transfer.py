@@ -121,12 +121,25 @@ def _counts(conn: store.Connection, collection_id: int) -> tuple[int, int]:
     return int(docs), int(chunks)
 
 
+# The identity of every chunk of a collection, without its text (a million chunks' texts would
+# take gigabytes of memory for the verification sample).
+CHUNK_KEYS_SQL = """
+SELECT d.source, k.ordinal, k.id, k.access_key FROM chunks k JOIN documents d ON d.id = k.document_id
+WHERE k.collection_id = :collection
+"""
+
+
+def _chunk_keys(conn: store.Connection, collection: Collection) -> dict[tuple[str, int], tuple[int, int]]:
+    """(source, ordinal) -> (chunk id, access key) of every chunk of the collection."""
+    rows = conn.execute(CHUNK_KEYS_SQL, {"collection": collection.id})
+    return {(r[0], int(r[1])): (int(r[2]), int(r[3])) for r in rows}
+
+
 def _sample_vectors(conn: store.Connection, collection: Collection, keys: Sequence[tuple[str, int]]) -> dict[
         tuple[str, int], str]:
-    rows = {(r["source"], int(r["ordinal"])): int(r["id"]) for r in store.chunk_rows(conn, collection=collection.name)}
-    ids = [rows[k] for k in keys if k in rows]
-    vectors = store.chunk_vectors(conn, collection.dimension, ids)
-    by_id = {v: k for k, v in rows.items()}
+    rows = _chunk_keys(conn, collection)
+    by_id = {rows[k][0]: k for k in keys if k in rows}
+    vectors = store.chunk_vectors(conn, collection.dimension, list(by_id))
     return {by_id[i]: vector_checksum(v) for i, v in vectors.items()}
 
 
@@ -192,8 +205,7 @@ def _verify(src: store.Connection, dest: store.Connection, source: Collection, t
     """Counts on both sides and the checksums of a sample of vectors, matched by (source, ordinal)."""
     rows = store.document_rows(src, source.name)
     withheld = store.withheld_access_key(src) if any(r["groups"] == store.WITHHELD_GROUPS for r in rows) else None
-    keys = [(r["source"], int(r["ordinal"])) for r in store.chunk_rows(src, collection=source.name)
-            if r["access_key"] != withheld]
+    keys = sorted(k for k, (_, access) in _chunk_keys(src, source).items() if access != withheld)
     picked = random.Random(seed).sample(keys, min(sample, len(keys)))
     theirs = _sample_vectors(src, source, picked)
     ours = _sample_vectors(dest, target, picked)

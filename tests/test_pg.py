@@ -373,9 +373,9 @@ def test_migrate_into_an_empty_database_is_a_bulk_load_with_the_same_indexes_and
     dropped: list[list[str]] = []
     original = pg.build_indexes
 
-    def build(conn: Any, dimensions: Any, *args: Any) -> dict[str, float]:
+    def build(conn: Any, dimensions: Any) -> dict[str, float]:
         dropped.append(pg.missing_bulk_indexes(conn, dimensions))
-        return original(conn, dimensions, *args)
+        return original(conn, dimensions)
 
     monkeypatch.setattr(pg, "build_indexes", build)
     assert transfer.copy_collections(lite, dest)[0].verified
@@ -390,6 +390,20 @@ def test_migrate_into_an_empty_database_is_a_bulk_load_with_the_same_indexes_and
             assert got[0] == got[1] and got[0], (query, stage)
     lite.close()
     dest.close()
+
+
+def test_build_memory_grows_with_the_vectors_within_the_server_setting_and_the_cap(
+        indexed: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    coll = store.require_collection(indexed, "default")
+    server_mb = int(indexed.query("SELECT pg_size_bytes(current_setting('maintenance_work_mem'))")[0][0]) >> 20
+    assert pg.build_memory_mb(indexed, [coll.dimension]) == server_mb  # a few vectors: the server's own
+    indexed.query("UPDATE vector_counts SET vectors = vectors * 1000000")  # as if there were millions
+    monkeypatch.setattr(pg, "BULK_MAINTENANCE_WORK_MEM_MAX_MB", server_mb * 3)
+    assert pg.build_memory_mb(indexed, [coll.dimension]) == server_mb * 3
+    monkeypatch.setattr(pg, "BULK_MAINTENANCE_WORK_MEM_MAX_MB", 10 ** 9)
+    vectors = int(indexed.query("SELECT sum(vectors) FROM vector_counts WHERE dimension = %s",
+                                (coll.dimension,))[0][0])
+    assert pg.build_memory_mb(indexed, [coll.dimension]) == (vectors * (4 * coll.dimension + 1024)) >> 20
 
 
 def test_bulk_load_builds_its_indexes_after_an_error_and_a_resumed_copy_finishes_them(
