@@ -86,6 +86,16 @@ class Settings:
     # (rag.retrieval.branch_weights; 0.5 = plain RRF, 0 = keywords only). Chosen on golden_vi and the
     # guide (README "Quality"): flat from 0.1 to 0.3 there, 0.2 taken.
     toneless_dense_share: float = 0.2
+    # The dense branch's share for a question in another language than the passages it lands on (the
+    # dense branch's first 5): English asked over Vietnamese help, Vietnamese over an English manual,
+    # where keywords match only the words both languages share (rag.retrieval.branch_weights; 0.5 =
+    # plain RRF). Chosen on golden_vi (17 English-asked queries): 0.5 -> 0.8 MRR@20 0.50 -> 0.62.
+    cross_language_dense_share: float = 0.8
+    # A question in Vietnamese typed without tones is re-toned before it is embedded, from the text of
+    # the keyword branch's first tone_restore_depth hits (rag.retrieval.toned_query; 0 = embed it as
+    # typed). Chosen on golden_vi: 10, 20 and 50 within one query of each other, 20 taken; toneless
+    # queries dense R@4 0.68 -> 0.75. The keyword branch still searches the question as typed.
+    tone_restore_depth: int = 20
     # Window vectors (issue 16): a chunk longer than window_chars characters also gets one vector per
     # window of whole sentences (header + at most window_chars characters; 0: none, the pipeline as
     # before). The dense branch rescores its candidates: a chunk's cosine similarity s becomes
@@ -205,6 +215,10 @@ def validate(settings: Settings) -> Settings:
         raise RagError(f"fts_min_coverage must lie in [0, 1] (got {settings.fts_min_coverage})")
     if not 0.0 <= settings.toneless_dense_share <= 1.0:
         raise RagError(f"toneless_dense_share must lie in [0, 1] (got {settings.toneless_dense_share})")
+    if not 0.0 <= settings.cross_language_dense_share <= 1.0:
+        raise RagError(f"cross_language_dense_share must lie in [0, 1] (got {settings.cross_language_dense_share})")
+    if settings.tone_restore_depth < 0:
+        raise RagError(f"tone_restore_depth must be 0 (off) or more (got {settings.tone_restore_depth})")
     if settings.window_chars < 0:
         raise RagError(f"window_chars must be 0 (no window vectors) or more (got {settings.window_chars})")
     if not 0.0 <= settings.window_weight <= 1.0:

@@ -35,13 +35,18 @@ from rag.embedding import Embedder
 from rag.errors import QueryError
 from rag.records import Hit
 from rag.rerank import Reranker, rerank_hits, rerank_text
-from rag.text import build_fts_query, fold, keywords, query_language, quote_fts
+from rag.text import build_fts_query, detect_language, fold, keywords, query_language, quote_fts
 
 STAGES = ("dense", "fts", "hybrid", "rerank")
 DENSE_MODES = ("exact", "binary", "hamming")
 RRF_K = 60  # Cormack, Clarke & Büttcher (SIGIR 2009); settings.rrf_k defaults to it
 VEC0_K_MAX = 4096  # sqlite-vec refuses a KNN `k` above this
 MISSING_DISTANCE = 2.0  # the largest cosine distance: a chunk without a stored vector is "farthest"
+# The passages that say which language a question is answered in (branch_weights): the dense
+# branch's first LANGUAGE_SAMPLE candidates, LANGUAGE_CHARS characters of each.
+LANGUAGE_SAMPLE = 5
+LANGUAGE_CHARS = 600
+LANGUAGE_AGREEMENT = 0.8  # the share of them that must agree (4 of 5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,16 +219,48 @@ def fuse_rrf(rankings: list[list[int]], k: int = RRF_K, weights: Sequence[float]
     return scores
 
 
-def branch_weights(query: str, toneless_dense_share: float) -> tuple[float, float]:
-    """The RRF weights (dense, sparse) for a question: equal, except for Vietnamese typed without
-    tones (``rag.text.query_language``), whose dense branch gets the share ``toneless_dense_share``
-    of the total 2 (0.2: weights 0.4 and 1.6). Neither bundled embedder reads toneless Vietnamese
-    well (golden_vi: dense R@4 0.54 on those queries against 0.83 with tones), while the keyword
-    branch folds tones on both sides and finds them (0.89); plain RRF let the weak branch pull
-    the fused order below the keyword branch's own (0.82)."""
-    if query_language(query) != "vi-toneless":
-        return (1.0, 1.0)
-    return (2.0 * toneless_dense_share, 2.0 * (1.0 - toneless_dense_share))
+def branch_weights(
+    query_language: str, landed_language: str, *, toneless_dense_share: float, cross_language_dense_share: float
+) -> tuple[float, float]:
+    """The RRF weights (dense, sparse) for a question, from how it is written and what it lands on:
+    equal, except where one branch cannot read the question.
+
+    ``query_language`` is ``rag.text.query_language`` of the question ("vi", "vi-toneless", "en");
+    ``landed_language`` is the language of the passages the dense branch put first
+    (``passage_language``: "vi", "en" or "mixed"). The dense branch gets the share ``s`` of the
+    total 2, weights ``(2s, 2(1 - s))``:
+
+    - Vietnamese typed without tones: ``toneless_dense_share``, whatever the passages. Neither
+      bundled embedder reads toneless Vietnamese well (golden_vi: dense R@4 0.54 on those queries
+      against 0.83 with tones), while the keyword branch folds tones on both sides (0.89); and an
+      embedder that cannot read the question cannot say which passages it lands on either;
+    - a question in another language than those passages (English asked over Vietnamese help,
+      Vietnamese over an English manual): ``cross_language_dense_share``. Keywords match only the
+      words both languages share (names, codes), while a multilingual embedder maps both languages
+      into one space (golden_vi, English-asked: dense R@4 0.71 against keywords 0.47);
+    - otherwise 0.5 (plain RRF).
+
+    A share of 0.5 is plain RRF for that case, 0 keywords only, 1 vectors only.
+    """
+    if query_language == "vi-toneless":
+        share = toneless_dense_share
+    elif landed_language != "mixed" and query_language != landed_language:
+        share = cross_language_dense_share
+    else:
+        share = 0.5
+    return (2.0 * share, 2.0 * (1.0 - share))
+
+
+def passage_language(texts: Sequence[str]) -> str:
+    """"vi" or "en" when at least ``LANGUAGE_AGREEMENT`` of ``texts`` are written in it
+    (``rag.text.detect_language`` of each, at most ``LANGUAGE_CHARS`` characters of it), else
+    "mixed" (also for no text at all): a collection in two languages whose first passages disagree
+    says nothing about which language the question lands in."""
+    votes = [detect_language(text[:LANGUAGE_CHARS]) for text in texts]
+    for language in ("vi", "en"):
+        if votes and votes.count(language) >= LANGUAGE_AGREEMENT * len(votes):
+            return language
+    return "mixed"
 
 
 def order_fused(scores: dict[int, float], rankings: list[list[int]]) -> list[int]:
@@ -597,6 +634,120 @@ def hit_rows(
 
 
 # ---------------------------------------------------------------------------------------------
+# Tones for a question typed without them
+
+
+@dataclass(frozen=True, slots=True)
+class ToneModel:
+    """Word counts of toned text, for ``restore_tones``: a bigram model over written forms."""
+
+    forms: dict[str, tuple[str, ...]]  # folded word -> its written forms (casefolded), most frequent first
+    unigrams: dict[str, int]  # written form -> count
+    bigrams: dict[tuple[str, str], int]  # (form, next form) -> count
+    followed: dict[str, int]  # form -> count of bigrams it starts
+    total: int  # word count
+
+
+_LETTERS = re.compile(r"[^\W\d_]+")  # words for tones: letter runs (digits and codes are left alone)
+TONE_FORMS = 8  # written forms kept per folded word (Vietnamese "ban": bạn, bản, bàn, bán, ...)
+
+
+def tone_model(texts: Sequence[str]) -> ToneModel:
+    """Count the words (NFC, casefolded) of ``texts`` and their adjacent pairs, and each folded word's forms."""
+    unigrams: dict[str, int] = {}
+    bigrams: dict[tuple[str, str], int] = {}
+    by_key: dict[str, dict[str, int]] = {}
+    for text in texts:
+        previous = None
+        for word in _LETTERS.findall(unicodedata.normalize("NFC", text).casefold()):
+            unigrams[word] = unigrams.get(word, 0) + 1
+            forms = by_key.setdefault(fold(word), {})
+            forms[word] = forms.get(word, 0) + 1
+            if previous is not None:
+                bigrams[(previous, word)] = bigrams.get((previous, word), 0) + 1
+            previous = word
+    followed: dict[str, int] = {}
+    for (first, _), n in bigrams.items():
+        followed[first] = followed.get(first, 0) + n
+    forms_by_key = {key: tuple(sorted(forms, key=lambda f: (-forms[f], f))[:TONE_FORMS])
+                    for key, forms in by_key.items()}
+    return ToneModel(forms_by_key, unigrams, bigrams, followed, sum(unigrams.values()))
+
+
+def restore_tones(text: str, model: ToneModel) -> str:
+    """``text`` with each word typed without diacritics replaced by its likeliest written form.
+
+    The forms of a word are those its folded spelling has in the model's texts ("loi": lỗi, lời,
+    lợi); the sequence chosen maximises the bigram probability (Viterbi), each bigram smoothed
+    towards the unigram with a Dirichlet prior of mass 1: ``P(w | v) = (n(v, w) + P(w)) / (n(v) + 1)``,
+    ``P(w) = (n(w) + 1/2) / (N + V/2)`` (MacKay & Peto, "A hierarchical Dirichlet language model",
+    1995). Words with diacritics already, words the model does not know, digits and punctuation
+    stay as typed; a restored word keeps the typed capitalisation of its first letter, or all caps.
+
+    Written by hand: the packages that restore Vietnamese tones ship a language model of their own,
+    while the words that matter here are the collection's (its names and terms), counted from it.
+    """
+    tokens = list(_LETTERS.finditer(text))
+    if not tokens or not model.total:
+        return text
+    candidates = []
+    for token in tokens:
+        word = token.group(0).casefold()
+        untoned = word == fold(word)
+        candidates.append(model.forms.get(word, (word,)) if untoned else (word,))
+    vocabulary = len(model.unigrams)
+
+    def unigram(word: str) -> float:
+        return (model.unigrams.get(word, 0) + 0.5) / (model.total + 0.5 * vocabulary)
+
+    def bigram(previous: str, word: str) -> float:
+        return (model.bigrams.get((previous, word), 0) + unigram(word)) / (model.followed.get(previous, 0) + 1.0)
+
+    # Viterbi: per word, each form's best log-probability and the form before it on that best path
+    layers: list[dict[str, tuple[float, str]]] = [{w: (math.log(unigram(w)), "") for w in candidates[0]}]
+    for forms in candidates[1:]:
+        last = layers[-1]
+        layers.append({w: max((score + math.log(bigram(v, w)), v) for v, (score, _) in last.items()) for w in forms})
+    path = [max(layers[-1], key=lambda w: (layers[-1][w][0], w))]
+    for layer in reversed(layers[1:]):
+        path.append(layer[path[-1]][1])
+    path.reverse()
+    out: list[str] = []
+    end = 0
+    for token, chosen in zip(tokens, path, strict=True):
+        typed = token.group(0)
+        if chosen != typed.casefold():
+            chosen = chosen.upper() if typed.isupper() and len(typed) > 1 else (
+                chosen[:1].upper() + chosen[1:] if typed[:1].isupper() else chosen)
+        else:
+            chosen = typed
+        out += [text[end:token.start()], chosen]
+        end = token.end()
+    return "".join(out) + text[end:]
+
+
+def toned_query(
+    conn: store.Connection, text: str, *, collection_id: int, access_keys: Sequence[int], depth: int,
+    weights: tuple[float, float] = (3.0, 1.0),
+) -> str:
+    """A question typed without tones, re-toned from the passages the keyword branch finds for it.
+
+    The keyword branch folds tones on both sides, so it finds the passages of a toneless question
+    (golden_vi: keywords R@4 0.89 on those queries) that the embedder misses (dense 0.68: it reads
+    "loi" as no word at all). The text of its first ``depth`` visible hits gives each toneless word
+    its forms in context (``tone_model``, ``restore_tones``); the dense branch embeds the result. The
+    hits are read as the reader may see them, so no other document's words can shape the question.
+    Unchanged when the keyword branch finds nothing.
+    """
+    found = search_fts(conn, build_fts_query(text), collection_id=collection_id, access_keys=access_keys, k=depth,
+                       weights=weights)
+    rows = hit_rows(conn, [cid for cid, _ in found], collection_id=collection_id, access_keys=access_keys)
+    if not rows:
+        return text
+    return restore_tones(text, tone_model([rows[cid]["content"] for cid, _ in found if cid in rows]))
+
+
+# ---------------------------------------------------------------------------------------------
 # search()
 
 
@@ -664,7 +815,12 @@ def search(
     access_keys = store.visible_access_keys(conn, groups)
     wanted = max(k, settings.rerank_depth) if stage == "rerank" else k
     per_branch = max(settings.candidates, wanted)
-    vector = np.asarray(embedder.embed_queries([text])[0], dtype=np.float32)
+    embedded = text
+    if settings.tone_restore_depth > 0 and query_language(text) == "vi-toneless":
+        embedded = toned_query(conn, text, collection_id=coll.id, access_keys=access_keys,
+                               depth=settings.tone_restore_depth, weights=(settings.weight_section,
+                                                                            settings.weight_content))
+    vector = np.asarray(embedder.embed_queries([embedded])[0], dtype=np.float32)
 
     dense: list[tuple[int, float]] = []
     sparse: list[tuple[int, float]] = []
@@ -688,8 +844,17 @@ def search(
         )
         if stage != "fts":  # in fusion, only hits holding most of the keyword weight may vote
             sparse = covered_fts_hits(conn, sparse, words, settings.fts_min_coverage, idf)
-    weighted = [(branch, weight) for branch, weight in
-                zip((dense, sparse), branch_weights(text, settings.toneless_dense_share), strict=True) if branch]
+    rows: dict[int, Any] = {}
+    weights = (1.0, 1.0)
+    if dense and sparse:
+        asked = query_language(text)
+        if asked != "vi-toneless":  # the language of the passages it lands on: the dense branch's first
+            rows = hit_rows(conn, [cid for cid, _ in dense[:LANGUAGE_SAMPLE]], collection_id=coll.id,
+                            access_keys=access_keys)
+        landed = passage_language([row["content"] for row in rows.values()]) if rows else asked
+        weights = branch_weights(asked, landed, toneless_dense_share=settings.toneless_dense_share,
+                                 cross_language_dense_share=settings.cross_language_dense_share)
+    weighted = [(branch, weight) for branch, weight in zip((dense, sparse), weights, strict=True) if branch]
     rankings = [[cid for cid, _ in branch] for branch, _ in weighted]
     scores = fuse_rrf(rankings, settings.rrf_k, [weight for _, weight in weighted])
     ordered = order_fused(scores, rankings)[:wanted]
@@ -697,7 +862,8 @@ def search(
     distances = {cid: d for cid, d in dense}
     missing = [cid for cid in ordered if cid not in distances]
     distances.update(vector_distances(conn, vector, coll.dimension, missing))
-    rows = hit_rows(conn, ordered, collection_id=coll.id, access_keys=access_keys)
+    rows.update(hit_rows(conn, [cid for cid in ordered if cid not in rows], collection_id=coll.id,
+                         access_keys=access_keys))
     dense_rank = {cid: rank for rank, (cid, _) in enumerate(dense, start=1)}
     sparse_rank = {cid: rank for rank, (cid, _) in enumerate(sparse, start=1)}
     bm25 = dict(sparse)

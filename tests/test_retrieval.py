@@ -131,11 +131,63 @@ def test_weighted_rrf_by_hand() -> None:
         fuse_rrf([[1]], weights=[1.0, 1.0])
 
 
-def test_branch_weights_favour_keywords_only_for_toneless_vietnamese() -> None:
-    assert retrieval.branch_weights("How do I start the app on another port?", 0.2) == (1.0, 1.0)
-    assert retrieval.branch_weights("Làm sao để chạy ứng dụng trên cổng khác?", 0.2) == (1.0, 1.0)
-    assert retrieval.branch_weights("lam sao de chay ung dung tren cong khac", 0.2) == pytest.approx((0.4, 1.6))
-    assert retrieval.branch_weights("lam sao de chay ung dung tren cong khac", 0.5) == (1.0, 1.0)
+def test_branch_weights_by_question_and_passage_language() -> None:
+    weights = {"toneless_dense_share": 0.2, "cross_language_dense_share": 0.8}
+    assert retrieval.branch_weights("en", "en", **weights) == (1.0, 1.0)
+    assert retrieval.branch_weights("vi", "vi", **weights) == (1.0, 1.0)
+    assert retrieval.branch_weights("vi-toneless", "vi", **weights) == pytest.approx((0.4, 1.6))
+    # toneless keeps its own share whatever the passages: the embedder that cannot read it picked them
+    assert retrieval.branch_weights("vi-toneless", "en", **weights) == pytest.approx((0.4, 1.6))
+    assert retrieval.branch_weights("en", "vi", **weights) == pytest.approx((1.6, 0.4))
+    assert retrieval.branch_weights("vi", "en", **weights) == pytest.approx((1.6, 0.4))
+    plain = {"toneless_dense_share": 0.5, "cross_language_dense_share": 0.5}
+    for asked, landed in [("en", "vi"), ("vi-toneless", "vi"), ("vi", "en")]:
+        assert retrieval.branch_weights(asked, landed, **plain) == (1.0, 1.0)
+
+
+def test_passage_language_needs_four_of_five() -> None:
+    vi = "Chọn ô cần định dạng rồi bấm chuột phải."
+    en = "Select the cells to format, then right-click."
+    assert retrieval.passage_language([vi, vi, vi, vi, en]) == "vi"
+    assert retrieval.passage_language([en, en, en, en, vi]) == "en"
+    assert retrieval.passage_language([vi, vi, vi, en, en]) == "mixed"
+    assert retrieval.passage_language([]) == "mixed"
+    assert retrieval.passage_language([en * 40 + vi * 40]) == "en"  # only the first LANGUAGE_CHARS are read
+    weights = {"toneless_dense_share": 0.2, "cross_language_dense_share": 0.8}
+    assert retrieval.branch_weights("en", "mixed", **weights) == (1.0, 1.0)
+    assert retrieval.branch_weights("vi", "mixed", **weights) == (1.0, 1.0)
+
+
+VI_HELP = {
+    f"help/{i}.md": f"---\ntitle: Trợ giúp {i}\n---\n## Mục {i}\n\n{body}\n"
+    for i, body in enumerate([
+        "Khi gặp lỗi VPN-403, hãy khởi động lại ứng dụng rồi đăng nhập lại.",
+        "Bảng tính lưu tệp theo định dạng mặc định của chương trình.",
+        "Chèn hình ảnh vào văn bản bằng trình đơn Chèn.",
+        "Đặt mật khẩu cho tài liệu trong hộp thoại Lưu.",
+        "Đổi phông chữ của đoạn văn trong thanh định dạng.",
+    ])
+}
+
+
+def test_an_english_question_over_vietnamese_passages_follows_the_vectors(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> None:
+    ingest(conn, [write_corpus(tmp_path / "docs", VI_HELP)], settings=settings, embedder=fake_embedder)
+    question = "What should I do about error VPN-403?"  # English: only "vpn-403" can match the keywords
+    led = search(conn, question, embedder=fake_embedder, settings=settings)
+    plain = search(conn, question, embedder=fake_embedder, settings=settings.replace(cross_language_dense_share=0.5))
+    assert any(h.sparse_rank for h in led) and any(h.dense_rank and not h.sparse_rank for h in led)
+    for hits, (dense_w, sparse_w) in ((led, (1.6, 0.4)), (plain, (1.0, 1.0))):
+        for h in hits:
+            expected = (dense_w / (60 + h.dense_rank) if h.dense_rank else 0) + (
+                sparse_w / (60 + h.sparse_rank) if h.sparse_rank else 0)
+            assert h.rrf_score == pytest.approx(expected)
+    # the same question in Vietnamese over the same passages: plain RRF
+    same = search(conn, "Gặp lỗi VPN-403 thì phải làm gì?", embedder=fake_embedder, settings=settings)
+    for h in same:
+        assert h.rrf_score == pytest.approx((1 / (60 + h.dense_rank) if h.dense_rank else 0) + (
+            1 / (60 + h.sparse_rank) if h.sparse_rank else 0))
 
 
 def test_a_toneless_question_follows_the_keyword_branch(
@@ -906,3 +958,64 @@ def test_window_vectors_go_with_their_chunks(
     assert conn.execute("SELECT count(*) FROM window_vectors").fetchone()[0] == 0
     ingest(conn, [tmp_path / "docs"], settings=settings.replace(window_chars=0), embedder=fake_embedder)
     assert conn.execute("SELECT count(*) FROM window_vectors").fetchone()[0] == 0  # window_chars 0: none
+
+
+# ---------------------------------------------------------------------------------------------
+# Tones for a toneless question
+
+
+def test_restore_tones_follows_the_bigrams_not_just_the_counts() -> None:
+    model = retrieval.tone_model(["bạn đọc", "bạn đọc", "bạn bè", "bản in", "bản in"])
+    assert model.forms["ban"] == ("bạn", "bản")  # bạn 3, bản 2
+    assert retrieval.restore_tones("ban doc", model) == "bạn đọc"
+    assert retrieval.restore_tones("ban in", model) == "bản in"  # the unigram alone would say bạn
+    assert retrieval.restore_tones("in ban", model) == "in bạn"  # no "in b*" pair: the likelier word
+
+
+def test_restore_tones_keeps_what_it_does_not_know() -> None:
+    model = retrieval.tone_model(["Lỗi mạng: khởi động lại máy.", "lỗi VPN-403"])
+    assert retrieval.restore_tones("Loi VPN-403, khoi dong lai!", model) == "Lỗi VPN-403, khởi động lại!"
+    assert retrieval.restore_tones("LOI mang", model) == "LỖI mạng"  # capitals kept
+    assert retrieval.restore_tones("lỗi mang xyz 42", model) == "lỗi mạng xyz 42"  # toned, unknown, digits
+    assert retrieval.restore_tones("", model) == ""
+    assert retrieval.restore_tones("loi", retrieval.tone_model([])) == "loi"
+
+
+class RecordingEmbedder(FakeEmbedder):
+    """The fake embedder, noting every query text it embeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queries: list[str] = []
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        self.queries += list(texts)
+        return super().embed_queries(texts)
+
+
+@pytest.mark.parametrize("stage", ["dense", "hybrid"])
+def test_a_toneless_question_is_embedded_with_its_tones(
+    corpus: store.Connection, settings: Settings, stage: str
+) -> None:
+    embedder = RecordingEmbedder()
+    search(corpus, "loi vpn-403 xu ly sao", embedder=embedder, settings=settings, stage=stage)
+    search(corpus, "loi vpn-403 xu ly sao", embedder=embedder, settings=settings.replace(tone_restore_depth=0),
+           stage=stage)
+    search(corpus, "How do I sign a commit?", embedder=embedder, settings=settings, stage=stage)
+    assert embedder.queries == ["lỗi vpn-403 xử lý sao", "loi vpn-403 xu ly sao", "How do I sign a commit?"]
+
+
+def test_tones_come_only_from_passages_the_reader_may_see(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    files = {
+        "public.md": "---\ntitle: In\n---\n## In ấn\n\nMáy in tầng hai: muốn in thì chọn bản in rồi bấm in.\n",
+        "hr/private.md": ("---\ntitle: Nhân sự\ngroups: [hr]\n---\n## Bạn in\n\n"
+                          "muốn chọn bạn in: chọn bạn in, chọn bạn in nhé.\n"),
+    }
+    ingest(conn, [write_corpus(tmp_path / "docs", files)], settings=settings, embedder=FakeEmbedder())
+    assert retrieval.query_language("muon chon ban in") == "vi-toneless"
+    for groups, toned in ((["all"], "muốn chọn bản in"), (["hr"], "muốn chọn bạn in")):
+        embedder = RecordingEmbedder()
+        search(conn, "muon chon ban in", embedder=embedder, settings=settings, groups=groups)
+        assert embedder.queries == [toned]
