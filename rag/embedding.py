@@ -303,7 +303,7 @@ def export_onnx_int8(model_dir: Path, target: Path) -> Path:
     return export_bert_int8(model, target)
 
 
-def export_bert_int8(model: Any, target: Path, *, inputs_embeds: bool = False) -> Path:
+def export_bert_int8(model: Any, target: Path, *, inputs_embeds: bool = False, quantize: bool = True) -> Path:
     """Export a loaded transformers BERT encoder (eager attention) to an int8 ONNX file.
 
     Steps: ``torch.onnx.export`` of the transformer with eager attention (so ONNX Runtime's BERT
@@ -313,7 +313,8 @@ def export_bert_int8(model: Any, target: Path, *, inputs_embeds: bool = False) -
     >= 0.98 per channel). Written to a temporary name and renamed, so a crash leaves no half file.
     The graph reads ``input_ids, attention_mask, token_type_ids``, or with ``inputs_embeds``
     ``inputs_embeds, attention_mask`` (the word vectors looked up by the caller; token type 0) and
-    returns ``last_hidden_state``.
+    returns ``last_hidden_state``. ``quantize=False`` stops before the quantisation and writes the
+    fused float32 graph (the tests check the graph against a reference forward pass with it).
     """
     import logging
     import tempfile
@@ -355,6 +356,9 @@ def export_bert_int8(model: Any, target: Path, *, inputs_embeds: bool = False) -
             hidden_size=int(model.config.hidden_size), opt_level=1,
         )
         optimized.save_model_to_file(str(fused))
+        if not quantize:
+            os.replace(fused, target)
+            return target
         logging.disable(logging.WARNING)  # quantize_dynamic advises "pre-processing" on the root logger
         try:
             quantize_dynamic(
@@ -717,7 +721,7 @@ def e5_bert_names(layers: int) -> dict[str, str]:
     return names
 
 
-def export_e5_int8(weights: E5Weights, target: Path) -> Path:
+def export_e5_int8(weights: E5Weights, target: Path, *, quantize: bool = True) -> Path:
     """Build the engine's encoder as a torch BERT from the dequantised weights; export it with export_bert_int8.
 
     e5.c runs a post-LayerNorm BERT: word + position (from 0) + token type 0 embeddings, then
@@ -743,7 +747,7 @@ def export_e5_int8(weights: E5Weights, target: Path) -> Path:
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or missing != ["embeddings.word_embeddings.weight"]:
         raise ModelLoadError(f"{weights.path}: the weights do not fit a BERT encoder ({missing=}, {unexpected=})")
-    return export_bert_int8(model, target, inputs_embeds=True)
+    return export_bert_int8(model, target, inputs_embeds=True, quantize=quantize)
 
 
 def e5_int8_file(weights: E5Weights, cache_root: Path | None = None) -> Path:
