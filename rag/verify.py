@@ -433,9 +433,8 @@ def recite(text: str, citations: Sequence[int]) -> str:
     """``text`` citing ``citations`` instead: its markers rewritten, or one added before its
     closing punctuation when it had none."""
     marker = "[" + ", ".join(str(n) for n in citations) + "]"
-    if MARKER.search(text):
-        first = MARKER.search(text)
-        assert first is not None
+    first = MARKER.search(text)
+    if first is not None:
         return text[: first.start()] + marker + _SPACED_MARKER.sub("", text[first.end():])
     end = _CLOSING.search(text)
     cut = end.start() if end else len(text)
