@@ -8,6 +8,15 @@ Each set folder holds a ``SOURCES.txt`` whose file table has one line per select
 checks its size and sha256, and writes it to ``DEST/<same relative path>``.  It is
 deterministic: the same package files always give the same corpus, byte for byte, in the
 same order.  Nothing is fetched from the network; a missing file names the package to install.
+
+A package rebuilt from the same sources can differ in a build stamp only (Sphinx writes "Last
+updated on <date>." into every page).  A set whose script passes ``normalise`` (bytes -> bytes,
+the stamp blanked) may also list, in its SOURCES.txt, one line per file
+
+    normalised  <sha256 of the normalised bytes>  <path>
+
+and a file whose raw hash differs is then accepted when its normalised hash matches: the text
+the golden set was written on is the same, only the stamp moved.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 _ROW = re.compile(r"^([0-9a-f]{64})\s+(\d+)\s+(\S+)\s*$")
+_NORMALISED_ROW = re.compile(r"^normalised\s+([0-9a-f]{64})\s+(\S+)\s*$")
 
 
 class MaterialiseError(Exception):
@@ -45,6 +55,16 @@ def read_file_table(sources_txt: Path) -> list[tuple[str, int, str]]:
     return rows
 
 
+def read_normalised_table(sources_txt: Path) -> dict[str, str]:
+    """relpath -> sha256 of the normalised file, from the ``normalised`` lines of a SOURCES.txt."""
+    table = {}
+    for line in sources_txt.read_text(encoding="utf-8").splitlines():
+        m = _NORMALISED_ROW.match(line)
+        if m:
+            table[m.group(2)] = m.group(1)
+    return table
+
+
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -63,14 +83,18 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def materialise(*, name: str, sources_txt: Path, roots: list[Path], install_hint: str,
-                dest: Path, allow_extra: bool = False, convert=None) -> int:
+                dest: Path, allow_extra: bool = False, convert=None, normalise=None) -> int:
     """Copy (or convert) every listed file from the first root that has it into dest.
 
     ``convert`` (optional) maps (relpath, source bytes) -> (output relpath, output bytes); it is
     for packages that ship a format the project's extractor cannot read.  The sha256 in the table
-    is always the hash of the *source* file.  Returns the number of files written.
+    is always the hash of the *source* file.  ``normalise`` (optional) blanks a build stamp: a
+    file whose raw hash differs passes when ``normalise(data)`` has the hash of its ``normalised``
+    line.  Returns the number of files written.
     """
     rows = read_file_table(sources_txt)
+    normalised = read_normalised_table(sources_txt) if normalise else {}
+    rebuilt = 0
     root = next((r for r in roots if r.is_dir()), None)
     if root is None:
         raise MaterialiseError(
@@ -85,7 +109,10 @@ def materialise(*, name: str, sources_txt: Path, roots: list[Path], install_hint
     bad = []
     for sha, size, rel in rows:
         data = (root / rel).read_bytes()
-        if len(data) != size or sha256_of(data) != sha:
+        if (len(data) != size or sha256_of(data) != sha) and rel in normalised \
+                and sha256_of(normalise(data)) == normalised[rel]:
+            rebuilt += 1
+        elif len(data) != size or sha256_of(data) != sha:
             bad.append(f"{rel}: expected {size} bytes sha256 {sha[:12]}…, found {len(data)} bytes "
                        f"sha256 {sha256_of(data)[:12]}…")
             continue
@@ -110,11 +137,14 @@ def materialise(*, name: str, sources_txt: Path, roots: list[Path], install_hint
         _write_atomic(dest / rel, out)
         total += len(out)
         print(f"wrote {rel}  ({len(out)} bytes, sha256 {sha256_of(out)[:12]})")
+    if rebuilt:
+        print(f"{name}: {rebuilt} file(s) are another build of the pinned version (only the build "
+              f"stamp differs; their text matches the normalised hashes in {sources_txt.name})")
     print(f"{name}: {len(outputs)} files, {total} bytes from {root} -> {dest}")
     return len(outputs)
 
 
-def main(*, name: str, here: Path, roots: list[Path], install_hint: str, convert=None) -> None:
+def main(*, name: str, here: Path, roots: list[Path], install_hint: str, convert=None, normalise=None) -> None:
     ap = argparse.ArgumentParser(description=f"Materialise the held-out corpus '{name}' into DEST.")
     ap.add_argument("dest", type=Path, help="output folder (created; should be empty)")
     ap.add_argument("--src", type=Path, default=None,
@@ -125,7 +155,7 @@ def main(*, name: str, here: Path, roots: list[Path], install_hint: str, convert
     try:
         materialise(name=name, sources_txt=here / "SOURCES.txt",
                     roots=[a.src] if a.src else roots, install_hint=install_hint,
-                    dest=a.dest, allow_extra=a.allow_extra, convert=convert)
+                    dest=a.dest, allow_extra=a.allow_extra, convert=convert, normalise=normalise)
     except MaterialiseError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
