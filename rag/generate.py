@@ -215,9 +215,17 @@ def instruct_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def instruct_lead() -> str:
-    """The opening words the instruct model's turn is primed with (``instruct_lead.txt``, may be empty)."""
-    return load_prompt("instruct_lead").strip("\n")
+def instruct_lead(language: str = "en") -> str:
+    """The opening words the instruct model's turn is primed with, in the answer's language
+    (``instruct_lead_<language>.txt``, else ``instruct_lead.txt``; may be empty).
+
+    The lead decides the answer's language more than the rules do: primed with "According to [",
+    Qwen2.5 0.5B answered Vietnamese questions in English whatever the system prompt asked.
+    """
+    name = f"instruct_lead_{language}"
+    if not resources.files("rag").joinpath("prompts", f"{name}.txt").is_file():
+        name = "instruct_lead"
+    return load_prompt(name).strip("\n")
 
 
 def build_messages(
@@ -228,7 +236,7 @@ def build_messages(
     example, then the real question, primed with the example's opening words; for "instruct"
     the rules and the question, no lead."""
     if style == "instruct":
-        return instruct_messages(question, hits, language, contents), instruct_lead()
+        return instruct_messages(question, hits, language, contents), instruct_lead(language)
     example = load_example(language)
     messages = [
         {"role": "user", "content": user_message(example.sources, example.question, language)},
@@ -404,7 +412,7 @@ def start_generation(
     language = language or detect_language(question)
     style = prompt_style(llm, settings)
     prompt = fit_prompt(llm, question, hits, language, settings, style)
-    lead = load_example(language).lead if style == "example" else instruct_lead()
+    lead = load_example(language).lead if style == "example" else instruct_lead(language)
     return Generation(prompt=prompt, lead=lead, question=question, hits=list(hits), language=language, style=style)
 
 

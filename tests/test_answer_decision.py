@@ -61,6 +61,17 @@ def test_the_instruct_prompt_has_rules_and_no_worked_example() -> None:
     assert "<|im_start|>system" in generation.prompt.text and "garage closes at 7 pm" not in lead
 
 
+def test_the_instruct_lead_is_in_the_answers_language() -> None:
+    # Primed in English, the 0.5B answered Vietnamese questions in English.
+    _, english = build_messages("When does the garage close?", [hit(1, GARAGE)], "en", style="instruct")
+    _, vietnamese = build_messages("Hầm xe đóng cửa lúc mấy giờ?", [hit(1, GARAGE)], "vi", style="instruct")
+    assert (english, vietnamese) == ("According to [", "Theo [")
+    assert build_messages("Q", [hit(1, GARAGE)], "fr", style="instruct")[1] == english  # no lead of its own
+    generation = start_generation(instruct_llm(), "Hầm xe đóng cửa lúc mấy giờ?", [hit(1, GARAGE)],
+                                  settings=Settings())
+    assert generation.language == "vi" and generation.prompt.text.endswith("Theo [")
+
+
 def test_focus_keeps_the_best_sentence_and_its_neighbours_within_the_budget() -> None:
     filler = " ".join(f"Sentence {i} is about the weather today." for i in range(20))
     content = f"{filler} The garage closes at 7 pm on weekdays. It is closed on public holidays. {filler}"
