@@ -3,6 +3,8 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,3 +173,27 @@ def shared_eval_or_skip() -> Path:
     if not SHARED_EVAL.is_dir():
         pytest.skip("../shared/eval is not present in this checkout")
     return SHARED_EVAL
+
+
+def clean_env(data_dir: Path) -> dict[str, str]:
+    """The environment of a child ``rag`` or Streamlit process: no RAG_* setting of the caller's,
+    offline, its data (and default database) in ``data_dir``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(
+        RAG_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir whose default database (``rag.db``) holds docs/guide, indexed by `rag demo` as
+    `make run` does (the real e5 `auto` picks for the mixed corpus). Built once per session."""
+    data = tmp_path_factory.mktemp("demo-data")
+    done = subprocess.run(
+        [sys.executable, "-m", "rag", "demo"], env=clean_env(data), cwd=ROOT, capture_output=True, text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return data

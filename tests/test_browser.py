@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, clean_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -52,15 +52,6 @@ SECOND = "What happens when nothing in my documents matches the question?"
 REPLY = '[class*="st-key-rag-answer-"], [class*="st-key-rag-no-answer-"]'  # an answer or the plain refusal
 
 
-def _env(data_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(
-        RAG_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,17 +64,6 @@ def _healthy(url: str) -> bool:
             return response.status == 200 and response.read().strip() == b"ok"
     except OSError:
         return False
-
-
-@pytest.fixture(scope="module")
-def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data dir whose default database holds docs/guide, indexed as `rag demo` does (e5: a mixed corpus)."""
-    data = tmp_path_factory.mktemp("browser-data")
-    done = subprocess.run(
-        [sys.executable, "-m", "rag", "demo"], env=_env(data), cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return data
 
 
 @contextlib.contextmanager
@@ -138,7 +118,7 @@ def launch_chromium() -> Iterator[object]:
 @pytest.fixture(scope="module")
 def app_url(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The app on the demo corpus, for the module."""
-    with serve(_env(demo_data), tmp_path_factory.mktemp("browser-log") / "streamlit.log") as url:
+    with serve(clean_env(demo_data), tmp_path_factory.mktemp("browser-log") / "streamlit.log") as url:
         yield url
 
 
