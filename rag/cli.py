@@ -147,7 +147,7 @@ def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
 def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
     from rag.config import database_location
-    from rag.transfer import copy_collections
+    from rag.transfer import copy_collections, copy_history
 
     src_location, dest_location = database_location(args.src), database_location(args.dest)
     if not store.database_exists(src_location):
@@ -155,7 +155,7 @@ def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
     if str(src_location) == str(dest_location):
         raise RagError("the source and the destination are the same database")
     src = store.open_db(src_location, create=False)
-    team = None
+    team = history = None
     try:
         dest = store.open_db(dest_location)
         try:
@@ -164,6 +164,8 @@ def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
                 from rag import auth
 
                 team = auth.copy_team(src, dest, audit=not args.no_audit)
+            if not args.no_history:
+                history = copy_history(src, dest, [r.name for r in reports])
         finally:
             dest.close()
     finally:
@@ -184,7 +186,22 @@ def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
             print(f"  user {name!r} exists in the destination with another password, role, groups or state: "
                   "left as it is there")
         failed |= not team.verified
+    if history is not None and history.anything:  # nothing to say when no collection had any history
+        print(_history_copy_line(history))
+        for name in history.decisions_differing:
+            print(f"  collection {name!r} has its own fitted decision in the destination: left as it is there")
+        failed |= not history.verified and not args.no_users  # with --no-users the reader is told why
     return 1 if failed else 0
+
+
+def _history_copy_line(history: Any) -> str:
+    line = (f"fitted decisions: {history.decisions_copied} copied; evaluation runs: {history.runs_copied} copied, "
+            f"{history.runs_skipped} already there; chat turns: {history.turns_copied} copied, "
+            f"{history.turns_skipped} already there")
+    if history.turns_without_reader:
+        line += (f", {history.turns_without_reader} NOT copied (their readers are not users of the destination: "
+                 "copy the users too)")
+    return line
 
 
 def _team_copy_line(team: Any, *, audit: bool) -> str:
@@ -1400,6 +1417,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--no-users", action="store_true", help="do not copy team mode's users and audit log (copied "
                    "by default: names, password hashes, roles, groups; nobody's session)")
     p.add_argument("--no-audit", action="store_true", help="copy the users but not the audit log")
+    p.add_argument("--no-history", action="store_true", help="do not copy the collections' fitted decisions, "
+                   "evaluation history and chats (copied by default)")
     handlers["migrate"] = cmd_migrate
 
     _add_eval_parser(sub, handlers)

@@ -10,8 +10,12 @@ Afterwards the copy is verified by counts (documents, chunks per collection) and
 of a sample of vectors, matched by (source, ordinal).
 
 Permissions travel as they are: a document's groups, and a withheld document (failed, its
-permissions unknown) stays withheld. Evaluation history and chats are not copied; team mode's
-users and audit log are, by ``rag.auth.copy_team`` (``rag migrate`` runs it after the collections).
+permissions unknown) stays withheld. Team mode's users and audit log are copied by
+``rag.auth.copy_team`` (``rag migrate`` runs it after the collections), then ``copy_history``
+brings what the desk learnt and said about those collections: each collection's fitted
+answer-or-refuse decision, its evaluation history (runs with every per-query result) and its
+chats, each turn kept with its reader (matched by user name). Sessions are not copied: everyone
+signs in again.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from rag import store
+from rag import decide, store
 from rag.errors import IndexMismatchError
 from rag.records import Chunk, Collection
 
@@ -214,3 +218,113 @@ def _verify(src: store.Connection, dest: store.Connection, source: Collection, t
     dest_docs, dest_chunks = _counts(dest, target.id)
     return CollectionCopy(source.name, copied, skipped, (src_docs, dest_docs), (src_chunks, dest_chunks),
                           len(picked), differing)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the desk learnt and said about the collections: fitted decisions, evaluation runs, chats
+
+_RUN_COLUMNS = ("created_at, collection, embedder, strategy, stages, ks, gate_stage, threshold, "
+                "recommended_threshold, max_sources, git_commit, golden_name, golden_hash, queries, leaks, "
+                "destroyed, settings, summary")
+_RESULT_COLUMNS = "query_id, item_id, kind, wording, query, groups, stage, rank, min_distance, destroyed, leak, gate"
+_TURN_COLUMNS = "collection, chat_id, question, searched, answer, groups, created_at"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCopy:
+    decisions_copied: int = 0
+    decisions_differing: list[str] = field(default_factory=list)  # collections DEST already fitted otherwise
+    runs_copied: int = 0
+    runs_skipped: int = 0  # already in DEST (a second run)
+    turns_copied: int = 0
+    turns_skipped: int = 0
+    turns_without_reader: int = 0  # asked by a user DEST does not have (copied with --no-users): not copied
+
+    @property
+    def verified(self) -> bool:
+        return not self.turns_without_reader
+
+    @property
+    def anything(self) -> bool:
+        return any((self.decisions_copied, self.decisions_differing, self.runs_copied, self.runs_skipped,
+                    self.turns_copied, self.turns_skipped, self.turns_without_reader))
+
+
+def copy_history(src: store.Connection, dest: store.Connection, collections: Sequence[str]) -> HistoryCopy:
+    """Copy the fitted decisions, evaluation runs and chats of ``collections`` to ``dest``; safe to run again.
+
+    Run after ``rag.auth.copy_team``: a chat turn belongs to its reader, found in DEST by name (a
+    desktop turn has none). A turn whose reader DEST lacks is not copied (it would become anyone's)
+    and is counted. Rows get DEST's own ids; a run or a turn DEST already holds (same collection,
+    time and content) is skipped, and a decision DEST fitted itself is never overwritten. ONE
+    transaction on DEST: an interrupted copy leaves all or none of it.
+    """
+    decisions, differing = 0, []
+    runs = runs_skipped = turns = turns_skipped = orphans = 0
+    readers = _reader_ids(src, dest)
+    with store.transaction(dest):
+        for name in collections:
+            theirs = store.get_meta(src, decide.META_KEY + name)
+            ours = store.get_meta(dest, decide.META_KEY + name)
+            if theirs is not None and ours is None:
+                store.set_meta(dest, decide.META_KEY + name, theirs)
+                decisions += 1
+            elif theirs is not None and ours != theirs:
+                differing.append(name)
+            copied, skipped = _copy_runs(src, dest, name)
+            runs, runs_skipped = runs + copied, runs_skipped + skipped
+            copied, skipped, missing = _copy_turns(src, dest, name, readers)
+            turns, turns_skipped, orphans = turns + copied, turns_skipped + skipped, orphans + missing
+    return HistoryCopy(decisions, differing, runs, runs_skipped, turns, turns_skipped, orphans)
+
+
+def _reader_ids(src: store.Connection, dest: store.Connection) -> dict[int, int | None]:
+    """SRC user id -> DEST user id of the same name (ignoring case, as sign-in does), None when absent."""
+    theirs = {int(r["id"]): str(r["name"]).casefold() for r in src.execute("SELECT id, name FROM users")}
+    ours = {str(r["name"]).casefold(): int(r["id"]) for r in dest.execute("SELECT id, name FROM users")}
+    return {uid: ours.get(name) for uid, name in theirs.items()}
+
+
+def _copy_runs(src: store.Connection, dest: store.Connection, collection: str) -> tuple[int, int]:
+    present = {(r["created_at"], r["golden_hash"], r["summary"]) for r in dest.execute(
+        "SELECT created_at, golden_hash, summary FROM eval_runs WHERE collection = ?", (collection,))}
+    copied = skipped = 0
+    marks = ", ".join("?" * len(_RUN_COLUMNS.split(", ")))
+    result_marks = ", ".join("?" * (1 + len(_RESULT_COLUMNS.split(", "))))
+    for run in src.execute(f"SELECT id, {_RUN_COLUMNS} FROM eval_runs WHERE collection = ? ORDER BY id",
+                           (collection,)).fetchall():
+        if (run["created_at"], run["golden_hash"], run["summary"]) in present:
+            skipped += 1
+            continue
+        values = tuple(run[c] for c in _RUN_COLUMNS.split(", "))
+        new_id = int(dest.execute(f"INSERT INTO eval_runs ({_RUN_COLUMNS}) VALUES ({marks})", values).lastrowid)
+        for row in src.execute(f"SELECT {_RESULT_COLUMNS} FROM eval_results WHERE run_id = ? ORDER BY rowid",
+                               (run["id"],)).fetchall():  # insertion order: rag.history reads it
+            dest.execute(f"INSERT INTO eval_results (run_id, {_RESULT_COLUMNS}) VALUES ({result_marks})",
+                         (new_id, *(row[c] for c in _RESULT_COLUMNS.split(", "))))
+        copied += 1
+    return copied, skipped
+
+
+def _turn_key(row: Any) -> tuple[Any, ...]:
+    return row["chat_id"], row["created_at"], row["question"], row["answer"]
+
+
+def _copy_turns(src: store.Connection, dest: store.Connection, collection: str,
+                readers: dict[int, int | None]) -> tuple[int, int, int]:
+    present = {_turn_key(r) for r in dest.execute(
+        "SELECT chat_id, created_at, question, answer FROM chat_turns WHERE collection = ?", (collection,))}
+    copied = skipped = orphans = 0
+    marks = ", ".join("?" * (1 + len(_TURN_COLUMNS.split(", "))))
+    for turn in src.execute(f"SELECT user_id, {_TURN_COLUMNS} FROM chat_turns WHERE collection = ? ORDER BY id",
+                            (collection,)).fetchall():
+        reader = None if turn["user_id"] is None else readers.get(int(turn["user_id"]))
+        if turn["user_id"] is not None and reader is None:
+            orphans += 1
+        elif _turn_key(turn) in present:
+            skipped += 1
+        else:
+            dest.execute(f"INSERT INTO chat_turns (user_id, {_TURN_COLUMNS}) VALUES ({marks})",
+                         (reader, *(turn[c] for c in _TURN_COLUMNS.split(", "))))
+            copied += 1
+    return copied, skipped, orphans

@@ -1,0 +1,103 @@
+"""rag.transfer.copy_history (run by `rag migrate`): a collection's fitted decision, evaluation
+history and chats travel with it, each chat turn with its reader; a second run copies nothing.
+SQLite to SQLite and SQLite to PostgreSQL (tests/conftest.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag import auth, conversation, decide, history, store, transfer
+from rag.cli import main
+from rag.config import load_settings
+from rag.golden import parse_golden
+from rag.records import Answer
+
+from .evalkit import GOLDEN, build_db, run
+from .fakes import FakeEmbedder
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Any:
+    """A desk with a collection, two evaluation runs, a fitted decision and three chat turns."""
+    path = tmp_path / "src.db"
+    conn = store.open_db(path)
+    build_db(conn, FakeEmbedder())
+    golden = parse_golden(GOLDEN, "golden_test", "f" * 64)
+    settings = load_settings(db_path=path)
+    for commit in ("abc123", "def456"):
+        history.save_run(conn, run(conn, golden, settings, commit=commit))
+    store.set_meta(conn, decide.META_KEY + "default", '{"fitted": "on this collection"}')
+    alice = auth.add_user(conn, "alice", "alice-password", groups=["hr"])
+    auth.add_user(conn, "bob", "bob-password")
+    answer = Answer(status="answered", question="How much leave?", text="25 days [1].")
+    for user_id, chat in ((None, "desk-chat"), (alice.id, "alice-chat"), (alice.id, "alice-chat")):
+        conversation.save_turn(conn, collection="default", chat_id=chat, question="How much leave?",
+                               searched="How much leave?", answer=answer, groups=["all"], user_id=user_id)
+    yield conn
+    conn.close()
+
+
+def _runs(conn: Any) -> list[tuple[Any, ...]]:
+    return [(r.git_commit, r.golden_hash, r.queries, r.metrics["dense"].hit_rate[4].value)
+            for r in history.list_runs(conn, golden_name="golden_test")]
+
+
+def test_history_travels_with_its_collection_and_readers(source: Any, backend_db: Path | str) -> None:
+    dest = store.open_db(backend_db)
+    try:
+        transfer.copy_collections(source, dest)
+        auth.copy_team(source, dest)
+        copied = transfer.copy_history(source, dest, ["default"])
+        assert (copied.decisions_copied, copied.runs_copied, copied.turns_copied) == (1, 2, 3) and copied.verified
+        assert store.get_meta(dest, decide.META_KEY + "default") == '{"fitted": "on this collection"}'
+        assert _runs(dest) == _runs(source)
+        newest = history.list_runs(dest, golden_name="golden_test")[0].id
+        theirs = history.list_runs(source, golden_name="golden_test")[0].id
+        assert history.load_report(dest, newest).to_json()["per_query"] == \
+            history.load_report(source, theirs).to_json()["per_query"]  # every result, in order
+        alice = auth.get_user(dest, "alice")
+        assert alice is not None
+        turns = conversation.chat_turns(dest, "default", "alice-chat", alice.id)
+        assert [t.answer.text for t in turns] == ["25 days [1].", "25 days [1]."]
+        assert len(conversation.chat_turns(dest, "default", "desk-chat")) == 1
+        original = conversation.chat_turns(source, "default", "alice-chat", auth.get_user(source, "alice").id)
+        assert [t.created_at for t in turns] == [t.created_at for t in original]  # when they were asked
+
+        again = transfer.copy_history(source, dest, ["default"])
+        assert (again.decisions_copied, again.runs_copied, again.turns_copied) == (0, 0, 0)
+        assert (again.runs_skipped, again.turns_skipped) == (2, 3)
+        assert len(history.list_runs(dest, golden_name="golden_test")) == 2
+    finally:
+        dest.close()
+
+
+def test_a_decision_fitted_in_the_destination_is_kept_and_a_reader_it_lacks_is_reported(
+    source: Any, tmp_path: Path
+) -> None:
+    dest = store.open_db(tmp_path / "dest.db")
+    try:
+        transfer.copy_collections(source, dest)
+        store.set_meta(dest, decide.META_KEY + "default", '{"fitted": "there"}')
+        copied = transfer.copy_history(source, dest, ["default"])  # no users copied: alice is unknown there
+        assert copied.decisions_differing == ["default"] and copied.decisions_copied == 0
+        assert store.get_meta(dest, decide.META_KEY + "default") == '{"fitted": "there"}'
+        assert (copied.turns_copied, copied.turns_without_reader, copied.verified) == (1, 2, False)
+        desk_turns = dest.execute("SELECT count(*) FROM chat_turns WHERE user_id IS NULL").fetchone()[0]
+        assert desk_turns == 1  # the desk's own
+    finally:
+        dest.close()
+
+
+def test_cli_migrate_reports_the_history(source: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source.close()
+    src, dest = str(tmp_path / "src.db"), str(tmp_path / "dest.db")
+    assert main(["migrate", src, dest]) == 0
+    assert ("fitted decisions: 1 copied; evaluation runs: 2 copied, 0 already there; chat turns: 3 copied, "
+            "0 already there") in capsys.readouterr().out
+    assert main(["migrate", src, str(tmp_path / "plain.db"), "--no-users"]) == 0  # asked for: told, not failed
+    assert "2 NOT copied (their readers are not users of the destination" in capsys.readouterr().out
+    assert main(["migrate", src, str(tmp_path / "bare.db"), "--no-history"]) == 0
+    assert "evaluation runs" not in capsys.readouterr().out
