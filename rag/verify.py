@@ -270,15 +270,17 @@ def has_tones(text: str) -> bool:
 
 _NUMBER_RUN = re.compile(r"[\w.,]+")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_DIGIT_SEPARATOR = re.compile(r"(?<=\d)_(?=\d)")  # 1_000_000 in Python, TypeScript, Rust, ...
 
 
 def numbers(text: str) -> set[str]:
     """The numbers written in ``text`` (outside citation markers and names: "pysqlite3", "e5",
     "v2.1" are names, checked by overlap like any other word), a decimal's trailing zeros
-    dropped: "0.8" is "0.80", while "8" is not "80"."""
+    dropped: "0.8" is "0.80", while "8" is not "80". A code literal's digit separator goes:
+    ``timeout(3_000)`` holds 3000, as a model reading it writes."""
     found = set()
     for run in _NUMBER_RUN.findall(MARKER.sub(" ", text)):
-        number = run.strip(".,")
+        number = _DIGIT_SEPARATOR.sub("", run).strip(".,")
         if not _NUMBER.fullmatch(number):
             continue
         if re.fullmatch(r"\d+\.\d+", number):

@@ -126,6 +126,10 @@ def test_numbers_are_compared_as_written_numbers_not_digit_runs() -> None:
 
     assert numbers("A recall of 0.80 on 20 queries [3], 1,000 users, (256 tokens).") == {"0.8", "20", "1,000", "256"}
     assert numbers("pysqlite3, e5, v2.1 and Qwen2.5 are names") == set()
+    assert numbers("signal: AbortSignal.timeout(3_000), retries_2") == {"3000"}  # a literal's separator goes
+    code = hit("signal: AbortSignal.timeout(3_000), // a slow reranker falls back to the RRF order")
+    assert judge(draft_sentence("The reranker waits 3000 ms, then falls back to the RRF order [1].", 1), [code],
+                 0.5).supported
     source = hit("A recall of 0.80 measured on 20 queries has a wide interval.")
     assert judge(draft_sentence("A recall of 0.8 on 20 queries has a wide interval [1].", 1), [source], 0.5).supported
     assert "number 8 not in [1]" in judge(draft_sentence("A recall of 8 on 20 queries [1].", 1), [source], 0.5).reason
