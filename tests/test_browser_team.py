@@ -24,14 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import GUIDE, ROOT
+from .conftest import GUIDE, ROOT, clean_env
 from .test_browser import (
     ANSWER_TIMEOUT_MS,
     PAGE_TIMEOUT_MS,
     REPLY,
     VIEWPORT,
     _ask,
-    _env,
     _wait_idle,
     launch_chromium,
     serve,
@@ -47,11 +46,11 @@ USERS = (("ada", "admin", ""), ("hana", "reader", "admin"), ("rui", "reader", ""
 
 
 def _team_env(data: Path) -> dict[str, str]:
-    return {**_env(data), "RAG_AUTH": "1", "RAG_MAX_TOKENS": "24", "RAG_LOCKOUT_FAILURES": str(LOCKOUT_FAILURES)}
+    return {**clean_env(data), "RAG_AUTH": "1", "RAG_MAX_TOKENS": "24", "RAG_LOCKOUT_FAILURES": str(LOCKOUT_FAILURES)}
 
 
 def _rag(data: Path, *args: str, stdin: str | None = None) -> None:
-    done = subprocess.run([sys.executable, "-m", "rag", *args], env=_env(data), cwd=ROOT, input=stdin,
+    done = subprocess.run([sys.executable, "-m", "rag", *args], env=clean_env(data), cwd=ROOT, input=stdin,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
