@@ -209,7 +209,8 @@ def instruct_messages(
     and, measured with Qwen2.5 0.5B, was copied into answers. The rules ask for the literal
     ``REFUSAL`` when the sources do not answer, which ``rag.verify.declined`` recognises.
     """
-    system = render(load_prompt("instruct_system").strip(), language=LANGUAGE_NAMES.get(language, "English"))
+    system = render(load_prompt(_per_language("instruct_system", language)).strip(),
+                    language=LANGUAGE_NAMES.get(language, "English"))
     user = render(load_prompt("instruct_user").strip(), sources=format_sources(hits, contents),
                   question=question.strip())
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -222,10 +223,13 @@ def instruct_lead(language: str = "en") -> str:
     The lead decides the answer's language more than the rules do: primed with "According to [",
     Qwen2.5 0.5B answered Vietnamese questions in English whatever the system prompt asked.
     """
-    name = f"instruct_lead_{language}"
-    if not resources.files("rag").joinpath("prompts", f"{name}.txt").is_file():
-        name = "instruct_lead"
-    return load_prompt(name).strip("\n")
+    return load_prompt(_per_language("instruct_lead", language)).strip("\n")
+
+
+def _per_language(name: str, language: str) -> str:
+    """``<name>_<language>`` when that prompt exists, else ``name`` (the English one)."""
+    localized = f"{name}_{language}"
+    return localized if resources.files("rag").joinpath("prompts", f"{localized}.txt").is_file() else name
 
 
 def build_messages(

@@ -61,11 +61,13 @@ def test_the_instruct_prompt_has_rules_and_no_worked_example() -> None:
     assert "<|im_start|>system" in generation.prompt.text and "garage closes at 7 pm" not in lead
 
 
-def test_the_instruct_lead_is_in_the_answers_language() -> None:
+def test_the_instruct_rules_and_lead_are_in_the_answers_language() -> None:
     # Primed in English, the 0.5B answered Vietnamese questions in English.
-    _, english = build_messages("When does the garage close?", [hit(1, GARAGE)], "en", style="instruct")
-    _, vietnamese = build_messages("Hầm xe đóng cửa lúc mấy giờ?", [hit(1, GARAGE)], "vi", style="instruct")
+    rules_en, english = build_messages("When does the garage close?", [hit(1, GARAGE)], "en", style="instruct")
+    rules_vi, vietnamese = build_messages("Hầm xe đóng cửa lúc mấy giờ?", [hit(1, GARAGE)], "vi", style="instruct")
     assert (english, vietnamese) == ("According to [", "Theo [")
+    assert "in English" in rules_en[0]["content"] and "Trả lời bằng tiếng Việt" in rules_vi[0]["content"]
+    assert "ngoặc vuông" in rules_vi[0]["content"] and "{" not in rules_vi[0]["content"]  # the rules, in Vietnamese
     assert build_messages("Q", [hit(1, GARAGE)], "fr", style="instruct")[1] == english  # no lead of its own
     generation = start_generation(instruct_llm(), "Hầm xe đóng cửa lúc mấy giờ?", [hit(1, GARAGE)],
                                   settings=Settings())
