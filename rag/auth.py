@@ -742,7 +742,7 @@ _SAME_USER = ("password_hash", "role", "groups", "disabled")
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 
-def _same_name_key(name: str) -> str:
+def same_name_key(name: str) -> str:
     """A name as the databases compare it: ASCII letters folded, nothing else (as NOCASE)."""
     return name.translate(_ASCII_LOWER)
 
@@ -811,7 +811,7 @@ def copy_team(src: store.Connection, dest: store.Connection, *, audit: bool = Tr
     if not audit:
         _record_copy(dest, copied, 0)
         return TeamCopy(copied, skipped, differing)
-    ids = {_same_name_key(u.name): u.id for u in list_users(dest)}
+    ids = {same_name_key(u.name): u.id for u in list_users(dest)}
     present = _audit_digests(dest)
     total = audit_copied = 0
     with store.transaction(dest):
@@ -823,7 +823,7 @@ def copy_team(src: store.Connection, dest: store.Connection, *, audit: bool = Tr
                     present[digest] -= 1
                     continue
                 name = row["user_name"]
-                new.append((row["at"], ids.get(_same_name_key(name)) if name else None, name, row["action"],
+                new.append((row["at"], ids.get(same_name_key(name)) if name else None, name, row["action"],
                             row["detail"]))
             _insert_audit_rows(dest, new)
             total += len(page)

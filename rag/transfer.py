@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from rag import decide, store
+from rag.auth import same_name_key
 from rag.errors import IndexMismatchError
 from rag.records import Chunk, Collection
 
@@ -279,9 +280,9 @@ def copy_history(src: store.Connection, dest: store.Connection, collections: Seq
 
 
 def _reader_ids(src: store.Connection, dest: store.Connection) -> dict[int, int | None]:
-    """SRC user id -> DEST user id of the same name (ignoring case, as sign-in does), None when absent."""
-    theirs = {int(r["id"]): str(r["name"]).casefold() for r in src.execute("SELECT id, name FROM users")}
-    ours = {str(r["name"]).casefold(): int(r["id"]) for r in dest.execute("SELECT id, name FROM users")}
+    """SRC user id -> DEST user id of the same name (as the databases compare names), None when absent."""
+    theirs = {int(r["id"]): same_name_key(str(r["name"])) for r in src.execute("SELECT id, name FROM users")}
+    ours = {same_name_key(str(r["name"])): int(r["id"]) for r in dest.execute("SELECT id, name FROM users")}
     return {uid: ours.get(name) for uid, name in theirs.items()}
 
 
