@@ -109,12 +109,14 @@ def materialise(*, name: str, sources_txt: Path, roots: list[Path], install_hint
     bad = []
     for sha, size, rel in rows:
         data = (root / rel).read_bytes()
-        if (len(data) != size or sha256_of(data) != sha) and rel in normalised \
-                and sha256_of(normalise(data)) == normalised[rel]:
+        found = sha256_of(data)
+        if len(data) == size and found == sha:
+            pass
+        elif rel in normalised and sha256_of(normalise(data)) == normalised[rel]:
             rebuilt += 1
-        elif len(data) != size or sha256_of(data) != sha:
+        else:
             bad.append(f"{rel}: expected {size} bytes sha256 {sha[:12]}…, found {len(data)} bytes "
-                       f"sha256 {sha256_of(data)[:12]}…")
+                       f"sha256 {found[:12]}…")
             continue
         out_rel, out = convert(rel, data) if convert else (rel, data)
         outputs.append((out_rel, out))
