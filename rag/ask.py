@@ -30,6 +30,7 @@ from rag.rerank import Reranker, rerank_hits
 from rag.resources import Resources
 from rag.retrieval import check_query, search
 from rag.text import detect_language, keywords
+from rag.translate import ModelTranslator
 from rag.verify import declined, extractive
 
 SearchFn = Callable[..., list[Hit]]  # rag.retrieval.search's signature
@@ -170,11 +171,14 @@ def _ask_stream(
     coll = store.get_collection(conn, collection)
     if embedder is None:
         embedder = resources.collection_embedder(conn, collection)
-    if search_fn is None:
-        search_fn = functools.partial(search, hamming_cache=resources.hamming_cache)
-
     def language_model(*_: Any) -> LanguageModel:
         return llm if llm is not None else resources.language_model(settings.llm_path)
+
+    translator: ModelTranslator | None = None
+    if search_fn is None:  # without generation no model is loaded, so the question is searched as typed
+        if generate and settings.translate_questions:
+            translator = resources.translator() if llm is None else ModelTranslator(language_model)
+        search_fn = functools.partial(search, hamming_cache=resources.hamming_cache, translator=translator)
 
     # --- retrieve (and rerank)
     reranking = reranker is not None or settings.rerank != "none"
@@ -203,6 +207,9 @@ def _ask_stream(
         "stage": "rerank" if reranking else "hybrid",
         "language": language,
     }
+    translated = translator.translated(check_query(question)) if translator is not None else None
+    if translated is not None:
+        trace["translation"] = translated  # also searched as (rag.translate)
     # --- decide, before the model: would answering from these passages be right?
     policy = collection_policy(conn, collection, settings)
     signals: decide.Signals | None = None

@@ -353,6 +353,7 @@ def cmd_eval_run(args: argparse.Namespace, resources: Resources) -> int:
         conn, golden, embedder=embedder, settings=settings, collection=coll.name,
         stages=args.stages.split(",") if args.stages else None, ks=args.k, groups_as_golden=args.groups_as_golden,
         sweep=args.sweep, commit=evaluate.current_commit(),
+        translator=resources.translator() if settings.translate_questions else None,
     )
     flipped: list[Flip] = []
     if args.save:
@@ -798,7 +799,7 @@ def _read_queries(path: str, default_groups: list[str]) -> list[dict[str, Any]]:
 def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
     from rag.errors import QueryError
-    from rag.retrieval import search
+    from rag.retrieval import check_query, search
 
     settings = resources.settings
     if (args.query is None) == (args.queries is None):
@@ -812,10 +813,12 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
     coll = store.require_collection(conn, settings.collection)
     embedder = resources.embedder(coll.embedder)  # the collection's own model
     reranker = resources.reranker(settings) if args.stage == "rerank" else None
+    translator = resources.translator() if settings.translate_questions else None
 
     def run(query: str, groups: list[str]) -> list[dict[str, Any]]:
         hits = search(conn, query, embedder=embedder, settings=settings, groups=groups, collection=coll.name,
-                      stage=args.stage, k=args.k, reranker=reranker, hamming_cache=resources.hamming_cache)
+                      stage=args.stage, k=args.k, reranker=reranker, hamming_cache=resources.hamming_cache,
+                      translator=translator)
         return [hit_json(rank, hit) for rank, hit in enumerate(hits, start=1)]
 
     if batch is not None:
@@ -831,6 +834,9 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
         return 0
     if not hits:
         print("no results")
+    translated = translator.translated(check_query(args.query)) if translator is not None else None
+    if translated:
+        print(f"also searched as: {translated}")
     for h in hits:
         ranks = f"dense {h['dense_rank'] or '-'} fts {h['sparse_rank'] or '-'}"
         rerank = f" rerank {h['rerank_score']:.3f}" if h["rerank_score"] is not None else ""

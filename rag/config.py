@@ -96,6 +96,11 @@ class Settings:
     # typed). Chosen on golden_vi: 10, 20 and 50 within one query of each other, 20 taken; toneless
     # queries dense R@4 0.68 -> 0.75. The keyword branch still searches the question as typed.
     tone_restore_depth: int = 20
+    # An English question whose first 5 dense passages include a Vietnamese one (English asked over
+    # Vietnamese help) is also searched translated into Vietnamese by the instruct answer model, and
+    # the two rankings are fused (rag.translate, rag.retrieval.translation_target, fuse_wordings);
+    # off = searched as typed only. A base model (Gemma) does not translate. README "Quality".
+    translate_questions: bool = True
     # Window vectors (issue 16): a chunk longer than window_chars characters also gets one vector per
     # window of whole sentences (header + at most window_chars characters; 0: none, the pipeline as
     # before). The dense branch rescores its candidates: a chunk's cosine similarity s becomes

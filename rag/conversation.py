@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag import access, store
-from rag.errors import RagError
-from rag.generate import load_prompt, render
+from rag.generate import prompt_parts, render
 from rag.llm import LanguageModel
 from rag.records import Answer, Citation, Hit, Sentence
 from rag.text import content_tokens, detect_language, fold
@@ -113,19 +112,7 @@ def rewrite_by_rules(question: str, previous: str, language: str | None = None) 
 
 
 def _prompt_parts() -> dict[str, str]:
-    parts: dict[str, list[str]] = {}
-    current = None
-    for line in load_prompt("rewrite").splitlines():
-        if line.startswith("## "):
-            current = line[3:].strip()
-            parts[current] = []
-        elif current is not None:
-            parts[current].append(line)
-    text = {key: "\n".join(lines).strip("\n") for key, lines in parts.items()}
-    missing = {"instruction", "example_conversation", "example_question", "example_answer"} - set(text)
-    if missing:
-        raise RagError(f"rag/prompts/rewrite.txt lacks its '## {sorted(missing)[0]}' part")
-    return text
+    return prompt_parts("rewrite", ("instruction", "example_conversation", "example_question", "example_answer"))
 
 
 def rewrite_messages(question: str, previous: Sequence[str]) -> list[dict[str, str]]:

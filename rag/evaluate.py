@@ -18,6 +18,7 @@ dataclasses say ``hit_rate``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import tempfile
@@ -25,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +54,9 @@ from rag.metrics import (
 )
 from rag.records import Collection, Hit
 from rag.text import QUERY_LANGUAGES, query_language
+
+if TYPE_CHECKING:
+    from rag.translate import Translator
 
 STAGES: tuple[str, ...] = tuple(retrieval.STAGES)
 DEFAULT_KS = (1, 4, 8, 20)
@@ -720,6 +724,7 @@ def run_eval(
     groups_as_golden: bool = True,
     sweep: str = "both",
     commit: str | None = None,
+    translator: Translator | None = None,
 ) -> EvalReport:
     """Run every query of ``golden`` through each stage and build the report.
 
@@ -729,6 +734,8 @@ def run_eval(
         ks: cut-offs for hit rate@k and MRR@k; hits are fetched to ``max(ks)`` (at least
             ``settings.max_sources``) and leaks are counted over that depth.
         search_fn: ``rag.retrieval.search`` or a stand-in with its signature.
+        translator: passed to every search (``rag.translate``: a question asked in another
+            language than the passages is also searched translated), when given.
         reranker: passed to the search of the "rerank" stage.
         groups_as_golden: ask each query as its item's groups (see ``expand_queries``).
         sweep: gate-sweep thresholds, "grid" (0.40-0.80 by 0.025), "quantiles" of observed
@@ -743,6 +750,8 @@ def run_eval(
     """
     plan = plan_run(settings, stages, ks, sweep, groups_as_golden)
     search = search_fn or default_search()
+    if translator is not None:
+        search = functools.partial(search, translator=translator)
     coll = store.require_collection(conn, collection or settings.collection)
     if "rerank" in plan.stages and reranker is None and search_fn is None:
         from rag.rerank import load_reranker

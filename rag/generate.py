@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -68,6 +68,24 @@ def load_prompt(name: str) -> str:
         raise RagError(f"no prompt template rag/prompts/{name}.txt") from e
 
 
+def prompt_parts(name: str, required: Iterable[str]) -> dict[str, str]:
+    """``rag/prompts/<name>.txt`` split at its ``## part`` lines: part name -> text (outer blank
+    lines stripped). Raises RagError when one of ``required`` is missing."""
+    parts: dict[str, list[str]] = {}
+    current = None
+    for line in load_prompt(name).splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+            parts[current] = []
+        elif current is not None:
+            parts[current].append(line)
+    text = {key: "\n".join(lines).strip("\n") for key, lines in parts.items()}
+    missing = sorted(set(required) - set(text))
+    if missing:
+        raise RagError(f"rag/prompts/{name}.txt lacks its '## {missing[0]}' part")
+    return text
+
+
 def render(template: str, **values: str) -> str:
     """Fill ``{name}`` placeholders in ONE pass, so braces inside a value are never expanded."""
 
@@ -94,19 +112,8 @@ def load_example(language: str) -> Example:
     name = f"answer_example_{language}"
     if not resources.files("rag").joinpath("prompts", f"{name}.txt").is_file():
         name = "answer_example_en"
-    parts: dict[str, list[str]] = {}
-    current = None
-    for line in load_prompt(name).splitlines():
-        if line.startswith("## "):
-            current = line[3:].strip()
-            parts[current] = []
-        elif current is not None:
-            parts[current].append(line)
-    try:
-        text = {key: "\n".join(lines).strip("\n") for key, lines in parts.items()}
-        return Example(text["sources"], text["question"], text["answer"], text["lead"])
-    except KeyError as e:
-        raise RagError(f"rag/prompts/{name}.txt lacks its '## {e.args[0]}' part") from e
+    text = prompt_parts(name, ("sources", "question", "answer", "lead"))
+    return Example(text["sources"], text["question"], text["answer"], text["lead"])
 
 
 _LIQUID_TAG = re.compile(r"\{%.*?%\}|\{\{.*?\}\}")  # site-generator tags left in Markdown sources

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from rag.embedding import Embedder
     from rag.rerank import Reranker
     from rag.retrieval import HammingCache
+    from rag.translate import ModelTranslator
 
 
 class Resources:
@@ -42,6 +43,7 @@ class Resources:
         self.hamming_cache: HammingCache = HammingCache()
         self._models: dict[tuple[str, str], Any] = {}  # (kind, model id or name asked for) -> model
         self._lock = threading.RLock()
+        self._translator: ModelTranslator | None = None
 
     # --- connections
 
@@ -106,6 +108,16 @@ class Resources:
         reranker reads with ``language_model()``, so it is closed with the other models."""
         settings = settings or self.settings
         return registry.load_reranker(settings, llm_loader=lambda *_: self.language_model(settings.llm_path))
+
+    def translator(self) -> ModelTranslator:
+        """The question translator on ``language_model()`` (``rag.translate``), one per resources so
+        its cache lasts as long as the models; the model loads at the first question it translates."""
+        from rag.translate import ModelTranslator  # here: loads the prompt machinery of rag.generate
+
+        with self._lock:
+            if self._translator is None:
+                self._translator = ModelTranslator(lambda: self.language_model(self.settings.llm_path))
+            return self._translator
 
     # --- lifetime
 

@@ -73,8 +73,8 @@ class ScriptedSearch:
 
     def __call__(self, conn: Any, query: str, *, embedder: Any, settings: Settings, groups: Sequence[str] = ("all",),
                  collection: str | None = None, stage: str = "hybrid", k: int | None = None,
-                 reranker: Any = None) -> list[Hit]:
-        self.calls.append({"query": query, "stage": stage, "groups": list(groups), "k": k})
+                 reranker: Any = None, translator: Any = None) -> list[Hit]:
+        self.calls.append({"query": query, "stage": stage, "groups": list(groups), "k": k, "translator": translator})
         embedder.embed_queries([query])
         rows = {(r["source"], r["ordinal"]): r for r in store.chunk_rows(conn, collection=collection)}
         visible = set(store.visible_access_keys(conn, groups))

@@ -435,3 +435,47 @@ def test_a_model_loaded_for_one_call_is_closed_after_it(
     shared = resources_module.Resources(settings)
     answer = ask(GARAGE_Q, conn=indexed, settings=settings, embedder=FakeEmbedder(), resources=shared)
     assert answer.status == "answered" and len(loaded) == 2 and not loaded[1].closed  # the caller's to close
+
+
+# --- a question in another language than the documents
+
+
+VI_PAGES = {
+    f"tro-giup-{i}.md": f"# Trợ giúp {i}\n\n## Mục {i}\n\n{body}\n"
+    for i, body in enumerate([
+        "Chèn hình ảnh vào văn bản bằng trình đơn Chèn, rồi chọn tệp ảnh.",
+        "Bảng tính lưu tệp theo định dạng mặc định của chương trình.",
+        "Đặt mật khẩu cho tài liệu trong hộp thoại Lưu.",
+        "Đổi phông chữ của đoạn văn trong thanh định dạng.",
+        "In tài liệu bằng trình đơn Tệp, mục In.",
+    ])
+}
+
+
+def test_an_english_question_over_vietnamese_documents_is_searched_translated_too(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    folder = tmp_path / "vi"
+    folder.mkdir()
+    for name, text in VI_PAGES.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    ingest(conn, [folder], settings=settings, embedder=FakeEmbedder())
+    question = "How do I insert a picture into a document?"
+    translation = "Chèn hình ảnh vào văn bản thế nào?"
+    llm = FakeLLM(translation, "Theo [1], chèn hình ảnh bằng trình đơn Chèn.")
+    llm.prompt_style = "instruct"
+    settings = settings.replace(max_distance=2.0)  # the fake embedder puts no English near Vietnamese
+    answer = run(conn, settings, question, llm)
+    assert "Translate the user's question into Vietnamese" in llm.prompts[0]
+    assert answer.trace["translation"] == translation
+    # without generation no model is loaded: the question is searched as typed
+    quiet = FakeLLM(translation)
+    quiet.prompt_style = "instruct"
+    plain = run(conn, settings, question, quiet, generate=False)
+    assert quiet.prompts == [] and "translation" not in plain.trace
+    order, as_typed = [h.source for h in answer.hits], [h.source for h in plain.hits]
+    assert order.index("tro-giup-0.md") < as_typed.index("tro-giup-0.md")  # the translation lifts it
+    off = FakeLLM(translation)
+    off.prompt_style = "instruct"
+    run(conn, settings.replace(translate_questions=False), question, off)
+    assert not any("Translate the user's question" in p for p in off.prompts)

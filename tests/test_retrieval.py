@@ -190,6 +190,95 @@ def test_an_english_question_over_vietnamese_passages_follows_the_vectors(
             1 / (60 + h.sparse_rank) if h.sparse_rank else 0))
 
 
+class TableTranslator:
+    """A ``rag.translate.Translator`` from a table; records what it was asked."""
+
+    def __init__(self, table: dict[str, str]) -> None:
+        self.table = table
+        self.asked: list[tuple[str, str]] = []
+
+    def translate(self, text: str, target: str) -> str | None:
+        self.asked.append((text, target))
+        return self.table.get(text)
+
+
+def test_translation_target_by_hand() -> None:
+    vi, en = "Chèn hình ảnh vào văn bản bằng trình đơn Chèn.", "Insert a picture with the Insert menu."
+    assert retrieval.translation_target("en", [en, en, vi, en, en]) == "vi"  # one passage in the other language
+    assert retrieval.translation_target("vi", [vi, en]) is None  # Vietnamese is searched as typed
+    assert retrieval.translation_target("vi", [en, en]) is None
+    assert retrieval.translation_target("en", [en, en]) is None
+    assert retrieval.translation_target("vi", [vi, vi]) is None
+    assert retrieval.translation_target("en", []) is None
+    assert retrieval.translation_target("vi-toneless", [en, en]) is None
+
+
+def _hit(cid: int, distance: float) -> Hit:
+    return Hit(chunk_id=cid, document_id=1, source="a.md", title="A", section="", content=f"chunk {cid}",
+               char_from=0, char_to=1, page=None, distance=distance, dense_rank=cid)
+
+
+def test_fuse_wordings_by_hand() -> None:
+    first = [_hit(1, 0.4), _hit(2, 0.5), _hit(3, 0.6)]
+    second = [_hit(3, 0.2), _hit(4, 0.3)]
+    fused = retrieval.fuse_wordings(first, second, rrf_k=60)
+    assert [h.chunk_id for h in fused] == [3, 1, 2, 4]  # 1/63 + 1/61; 1/61; 1/62 twice (same best rank: lower id)
+    by_id = {h.chunk_id: h for h in fused}
+    assert by_id[3].rrf_score == pytest.approx(1 / 63 + 1 / 61)
+    assert by_id[1].rrf_score == pytest.approx(1 / 61) and by_id[2].rrf_score == by_id[4].rrf_score == 1 / 62
+    assert by_id[3].distance == pytest.approx(0.6) and by_id[3].dense_rank == 3  # the first's record
+    assert by_id[4].distance == pytest.approx(0.3)
+    own = retrieval.fuse_wordings(first, second, rrf_k=60, distances={4: 0.9, 3: 0.1})
+    assert [(h.chunk_id, h.distance) for h in own] == [(3, 0.6), (1, 0.4), (2, 0.5), (4, 0.9)]
+    assert retrieval.fuse_wordings(first, []) == [dataclasses.replace(h, rrf_score=1 / (60 + i))
+                                                   for i, h in enumerate(first, start=1)]
+
+
+def test_an_english_question_over_vietnamese_passages_is_also_searched_translated(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> None:
+    ingest(conn, [write_corpus(tmp_path / "docs", VI_HELP)], settings=settings, embedder=fake_embedder)
+    question = "How do I insert a picture into a document?"  # no word in common with the help
+    translation = "Chèn hình ảnh vào văn bản thế nào?"
+    translator = TableTranslator({question: translation})
+    plain = search(conn, question, embedder=fake_embedder, settings=settings, k=5)
+    hits = search(conn, question, embedder=fake_embedder, settings=settings, k=5, translator=translator)
+    assert translator.asked == [(question, "vi")]
+    assert not any(h.sparse_rank for h in plain)  # as typed, the keywords find nothing
+    expected = retrieval.fuse_wordings(
+        search(conn, question, embedder=fake_embedder, settings=settings, k=50),
+        search(conn, translation, embedder=fake_embedder, settings=settings, k=50), settings.rrf_k)[:5]
+    assert [(h.chunk_id, h.rrf_score) for h in hits] == [(h.chunk_id, pytest.approx(h.rrf_score)) for h in expected]
+    own = {h.chunk_id: h.distance for h in search(conn, question, embedder=fake_embedder, settings=settings,
+                                                  stage="dense", k=50)}
+    assert [h.distance for h in hits] == [pytest.approx(own[h.chunk_id]) for h in hits]  # the question's own
+    assert hits[0].source.endswith("help/2.md") and plain[0].source != hits[0].source
+    # the rerank stage reranks the fused hits; the fts stage has no dense branch to tell the language
+    reranker = ReverseReranker()
+    search(conn, question, embedder=fake_embedder, settings=settings, stage="rerank", k=2, reranker=reranker,
+           translator=translator)
+    assert reranker.seen[: len(hits)] == [h.chunk_id for h in hits]
+    search(conn, question, embedder=fake_embedder, settings=settings, stage="fts", translator=translator)
+    assert len(translator.asked) == 2
+
+
+def test_a_question_is_searched_as_typed_when_nothing_is_crossed_or_translation_is_off(
+    conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+) -> None:
+    ingest(conn, [write_corpus(tmp_path / "docs", VI_HELP)], settings=settings, embedder=fake_embedder)
+    question = "How do I insert a picture into a document?"
+    plain = search(conn, question, embedder=fake_embedder, settings=settings)
+    translator = TableTranslator({})  # translates nothing: the hits are the plain ones
+    assert search(conn, question, embedder=fake_embedder, settings=settings, translator=translator) == plain
+    assert translator.asked == [(question, "vi")]
+    off = TableTranslator({question: "Chèn hình ảnh vào văn bản thế nào?"})
+    assert search(conn, question, embedder=fake_embedder, settings=settings.replace(translate_questions=False),
+                  translator=off) == plain
+    for same_language in ("Chèn hình ảnh vào văn bản thế nào?", "chen hinh anh vao van ban the nao"):
+        search(conn, same_language, embedder=fake_embedder, settings=settings, translator=off)
+    assert off.asked == []
+
+
 def test_a_toneless_question_follows_the_keyword_branch(
     corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
 ) -> None:
