@@ -841,8 +841,8 @@ def search(
     Every hit keeps its ``dense_rank``/``sparse_rank`` (1-based, None when that branch did not
     return it), ``rrf_score`` (over the branches the stage used) and cosine ``distance``.
 
-    A question whose first dense passages include one in the other language
-    (``translation_target``) is also searched in that language when a ``translator`` is given and
+    An English question whose first dense passages include a Vietnamese one
+    (``translation_target``) is also searched in Vietnamese when a ``translator`` is given and
     ``settings.translate_questions`` is on, in the same stage, and the two rankings are fused
     (``fuse_wordings``); the fts stage, which has no dense branch to tell the language, never is.
 
@@ -865,20 +865,20 @@ def search(
     store.check_embedder(coll, embedder.model_id, embedder.dimension)
     access_keys = store.visible_access_keys(conn, groups)
     wanted = max(k, settings.rerank_depth) if stage == "rerank" else k
-    translating = translator is not None and settings.translate_questions
-    depth = max(settings.candidates, wanted) if translating else wanted
     wording = functools.partial(_search_wording, conn, coll=coll, access_keys=access_keys, embedder=embedder,
-                                settings=settings, stage="hybrid" if stage == "rerank" else stage, wanted=depth,
+                                settings=settings, stage="hybrid" if stage == "rerank" else stage,
                                 hamming_cache=hamming_cache)
-    hits, crossed, vector = wording(text)
-    if translating and crossed is not None and translator is not None:
-        translated = translator.translate(text, crossed)
-        if translated is not None:
-            other = wording(translated)[0]
-            seen = {hit.chunk_id for hit in hits}
-            own = vector_distances(conn, vector, coll.dimension, [h.chunk_id for h in other if h.chunk_id not in seen])
-            hits = fuse_wordings(hits, other, settings.rrf_k, own)
-    hits = hits[:wanted]
+    hits, target, vector = wording(text, wanted=wanted)
+    translated = None
+    if target is not None and translator is not None and settings.translate_questions:
+        translated = translator.translate(text, target)
+    if translated is not None:  # both wordings to the depth of a branch, then fused
+        depth = max(settings.candidates, wanted)
+        first = wording(text, wanted=depth)[0] if depth > wanted else hits
+        other = wording(translated, wanted=depth)[0]
+        seen = {hit.chunk_id for hit in first}
+        own = vector_distances(conn, vector, coll.dimension, [h.chunk_id for h in other if h.chunk_id not in seen])
+        hits = fuse_wordings(first, other, settings.rrf_k, own)[:wanted]
     if stage != "rerank":
         return hits[:k]
     return rerank_hits(text, hits, settings=settings, reranker=reranker, k=k)
@@ -888,9 +888,8 @@ def _search_wording(
     conn: store.Connection, text: str, *, coll: Collection, access_keys: Sequence[int], embedder: Embedder,
     settings: Settings, stage: str, wanted: int, hamming_cache: HammingCache | None,
 ) -> tuple[list[Hit], str | None, np.ndarray]:
-    """One wording's first ``wanted`` hits (the body of ``search``), the passages' language when
-    the question should be searched in too (``translation_target``; None for the fts stage) and the
-    wording's query vector."""
+    """One wording's first ``wanted`` hits (the body of ``search``), the language it should be
+    searched in too (``translation_target``; None for the fts stage) and its query vector."""
     per_branch = max(settings.candidates, wanted)
     embedded = text
     if settings.tone_restore_depth > 0 and query_language(text) == "vi-toneless":
