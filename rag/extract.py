@@ -20,7 +20,7 @@ from rag.text import nfc
 
 SUPPORTED_SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html",
                       ".htm": "html", ".pdf": "pdf"}
-EXTRACTOR_VERSIONS = {"markdown": "1", "text": "1", "html": "1", "pdf": "1"}
+EXTRACTOR_VERSIONS = {"markdown": "1", "text": "1", "html": "2", "pdf": "1"}
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)?(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
 # "---" on line 1 followed by YAML-looking "key:" lines and no closing "---": broken front matter.
@@ -158,19 +158,47 @@ _INLINE_TAGS = {"a", "abbr", "b", "bdi", "bdo", "cite", "code", "data", "dfn", "
                 "mark", "q", "s", "samp", "small", "span", "strong", "sub", "sup", "time", "u", "var", "wbr"}
 
 
+# Page chrome, not content: site navigation, search boxes, sidebars, page headers and footers
+# (HTML5 sectioning elements and their ARIA roles), and Sphinx's "¶" heading anchors. Python's
+# HTML docs put a table of contents listing every function of the page, "Previous topic" and
+# "Navigation" around each page; LibreOffice's help a "LibreOffice 7.4 Help · Module · Contents ·
+# Index" header and a "Help content debug info" footer: each became a chunk of its own that
+# matched questions by its names. A <header> inside <main> or <article> holds the article's own
+# title and is kept.
+_CHROME_TAGS = ("nav", "aside", "footer", "form")
+_CHROME_ROLES = ("navigation", "search", "banner", "contentinfo", "complementary")
+_CHROME_CLASSES = ("headerlink",)
+
+
+def _page_chrome(root: Any) -> list[Any]:
+    """The elements under ``root`` that are page chrome (``_CHROME_*``), outermost only."""
+    found = [*root.find_all(_CHROME_TAGS), *root.find_all(attrs={"role": list(_CHROME_ROLES)}),
+             *root.find_all(class_=list(_CHROME_CLASSES))]
+    found += [h for h in root.find_all("header") if h.find_parent(["main", "article"]) is None
+              and h.find_parent(attrs={"role": "main"}) is None]
+    ids = {id(tag) for tag in found}
+    return [tag for tag in found if not any(id(parent) in ids for parent in tag.parents)]
+
+
 def extract_html(path: Path, data: bytes) -> Extracted:
     """HTML -> Markdown-like text (headings as '#', list items as '- ', blocks split by blank lines).
 
     BeautifulSoup does the parsing; the result goes through the same block model as Markdown.
     Runs of inline content become one line; every other element is a block.
     """
-    from bs4 import BeautifulSoup, NavigableString, Tag
+    from bs4 import BeautifulSoup, Comment, Declaration, Doctype, NavigableString, ProcessingInstruction, Tag
 
     soup = BeautifulSoup(decode_text(data), "html.parser")
     title_tag = soup.find("title")
     title = title_tag.get_text(" ", strip=True) if title_tag else ""
     for dead in soup(["script", "style", "noscript", "template", "head"]):
         dead.decompose()
+    root: Tag = soup
+    main = soup.find("main") or soup.find(True, attrs={"role": "main"})
+    if isinstance(main, Tag):  # the page says where its content is: only that
+        root = main
+    for chrome in _page_chrome(root):
+        chrome.decompose()
     lines: list[str] = []
 
     def squash(text: str) -> str:
@@ -186,6 +214,8 @@ def extract_html(path: Path, data: bytes) -> Extracted:
             run.clear()
 
         for child in node.children:
+            if isinstance(child, (Comment, Declaration, Doctype, ProcessingInstruction)):
+                continue  # markup about the page ("<!DOCTYPE html>" read as the text "html"), not text
             if isinstance(child, NavigableString):
                 run.append(str(child))
                 continue
@@ -215,7 +245,7 @@ def extract_html(path: Path, data: bytes) -> Extracted:
                 lines.append("")
         flush()
 
-    walk(soup)
+    walk(root)
     text = canonical(re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n")
     _require_text(text)
     if not title:
