@@ -30,7 +30,7 @@ from typing import Any
 
 from rag import access, store
 from rag.generate import prompt_parts, render
-from rag.llm import LanguageModel
+from rag.llm import LanguageModel, complete_line
 from rag.records import Answer, Citation, Hit, Sentence
 from rag.text import content_tokens, detect_language, fold
 
@@ -138,10 +138,7 @@ def rewrite_with_model(llm: LanguageModel, question: str, previous: Sequence[str
     2 cores, and 3 of 5 test follow-ups refused, the other 2 garbled ("Can I ingest PDFs?
     mendatang"), which is why ``rules`` is the default.
     """
-    chat = llm.format_chat(rewrite_messages(question, previous))
-    tokens = llm.tokenize(chat.text, add_bos=chat.add_bos, special=True)
-    text = "".join(d.text for d in llm.stream(tokens, max_tokens=REWRITE_MAX_TOKENS, stop=[*chat.stop, "\n"],
-                                              temperature=0.0))
+    text = complete_line(llm, rewrite_messages(question, previous), REWRITE_MAX_TOKENS)
     line = text.strip().strip("\"'“”").strip()
     if not line:
         return None, "the model wrote nothing"

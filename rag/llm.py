@@ -189,6 +189,15 @@ class LanguageModel(Protocol):
         ...
 
 
+def complete_line(llm: LanguageModel, messages: Sequence[Message], max_tokens: int) -> str:
+    """``messages`` in ``llm``'s chat format, continued greedily up to its first line break or
+    ``max_tokens`` tokens: the raw reply of a one-line task (a rewrite, a translation)."""
+    chat = llm.format_chat(messages)
+    tokens = llm.tokenize(chat.text, add_bos=chat.add_bos, special=True)
+    return "".join(d.text for d in llm.stream(tokens, max_tokens=max_tokens, stop=[*chat.stop, "\n"],
+                                              temperature=0.0))
+
+
 # ---------------------------------------------------------------------------------------------
 # The llama-cpp-python adapter
 

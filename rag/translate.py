@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 from rag.errors import RagError
 from rag.generate import prompt_parts
-from rag.llm import LanguageModel
+from rag.llm import LanguageModel, complete_line
 from rag.text import detect_language, fold
 
 TRANSLATE_MAX_TOKENS = 64  # one question; a longer reply is an answer, not a translation
@@ -116,8 +116,5 @@ class ModelTranslator:
             return None
         if getattr(llm, "prompt_style", "") != "instruct":
             return None
-        chat = llm.format_chat(translate_messages(text, target))
-        tokens = llm.tokenize(chat.text, add_bos=chat.add_bos, special=True)
-        raw = "".join(d.text for d in llm.stream(tokens, max_tokens=TRANSLATE_MAX_TOKENS, stop=[*chat.stop, "\n"],
-                                                 temperature=0.0))
-        return clean_translation(raw, text, target)
+        return clean_translation(complete_line(llm, translate_messages(text, target), TRANSLATE_MAX_TOKENS), text,
+                                 target)
