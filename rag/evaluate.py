@@ -734,8 +734,8 @@ def run_eval(
         ks: cut-offs for hit rate@k and MRR@k; hits are fetched to ``max(ks)`` (at least
             ``settings.max_sources``) and leaks are counted over that depth.
         search_fn: ``rag.retrieval.search`` or a stand-in with its signature.
-        translator: passed to every search (``rag.translate``: a question asked in another
-            language than the passages is also searched translated), when given.
+        translator: passed to every search, when given (``rag.translate``: an English question
+            that lands on Vietnamese passages is also searched in Vietnamese).
         reranker: passed to the search of the "rerank" stage.
         groups_as_golden: ask each query as its item's groups (see ``expand_queries``).
         sweep: gate-sweep thresholds, "grid" (0.40-0.80 by 0.025), "quantiles" of observed

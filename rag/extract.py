@@ -176,8 +176,9 @@ def _page_chrome(root: Any) -> list[Any]:
              *root.find_all(class_=list(_CHROME_CLASSES))]
     found += [h for h in root.find_all("header") if h.find_parent(["main", "article"]) is None
               and h.find_parent(attrs={"role": "main"}) is None]
-    ids = {id(tag) for tag in found}
-    return [tag for tag in found if not any(id(parent) in ids for parent in tag.parents)]
+    unique = list({id(tag): tag for tag in found}.values())  # a <nav role="navigation"> is found twice
+    ids = {id(tag) for tag in unique}
+    return [tag for tag in unique if not any(id(parent) in ids for parent in tag.parents)]
 
 
 def extract_html(path: Path, data: bytes) -> Extracted:

@@ -1,12 +1,12 @@
 """Question translation for retrieval across languages: an English question over Vietnamese
-passages (or the other way round) is also searched in the passages' language.
+passages is also searched in Vietnamese.
 
-``rag.retrieval.search`` asks a ``Translator`` when the dense branch's first passages are in
-another language than the question (``passage_language``, the rule of ``branch_weights``) and
-fuses the two wordings' rankings. Neither branch reads across languages well: keywords match
-only the words both languages share, and e5-small's cross-lingual matching is weak (libreoffice_vi,
-English-asked: dense R@4 0.32, keywords 0.29), while the same questions in Vietnamese are found
-(toned Vietnamese questions: 0.97).
+``rag.retrieval.search`` asks a ``Translator`` when one of the dense branch's first passages is
+Vietnamese and the question is English (``rag.retrieval.translation_target``) and fuses the two
+wordings' rankings (``fuse_wordings``). Neither branch reads across languages well: keywords
+match only the words both languages share, and e5-small's cross-lingual matching is weak
+(libreoffice_vi, English-asked: dense R@4 0.32, keywords 0.29), while the same questions in
+Vietnamese are found (toned Vietnamese questions: 0.97).
 
 ``ModelTranslator`` asks the instruct language model (``rag/prompts/translate.txt``: the rule
 and two worked examples in ChatML turns, greedy, one line). No translation model ships offline
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from rag.errors import RagError
-from rag.generate import prompt_parts
+from rag.generate import prompt_parts, render
 from rag.llm import LanguageModel, complete_line
 from rag.text import detect_language, fold
 
@@ -53,7 +53,7 @@ def translate_messages(text: str, target: str) -> list[dict[str, str]]:
         raise ValueError(f"no translation into {target!r}; choose one of {', '.join(LANGUAGE_NAMES)}")
     parts = _prompt_parts()
     source = "en" if target == "vi" else "vi"
-    messages = [{"role": "system", "content": parts["instruction"].replace("{language}", LANGUAGE_NAMES[target])}]
+    messages = [{"role": "system", "content": render(parts["instruction"], language=LANGUAGE_NAMES[target])}]
     for example in ("example", "example2"):
         messages += [{"role": "user", "content": parts[f"{example}_{source}"]},
                      {"role": "assistant", "content": parts[f"{example}_{target}"]}]
