@@ -841,7 +841,7 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
         ranks = f"dense {h['dense_rank'] or '-'} fts {h['sparse_rank'] or '-'}"
         rerank = f" rerank {h['rerank_score']:.3f}" if h["rerank_score"] is not None else ""
         print(f"{h['rank']:2}. {h['source']} [{h['from']}:{h['to']}]  distance {h['distance']:.3f}  {ranks}  "
-              f"rrf {h['rrf_score']:.4f}{rerank}  {h['section']}")
+              f"fused {h['rrf_score']:.4f}{rerank}  {h['section']}")
         print("    " + " ".join(h["content"].split())[:160])
     if hits and hits[0]["rerank_fallback"]:
         print(f"not reranked: {hits[0]['rerank_fallback']}", file=sys.stderr)

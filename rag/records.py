@@ -100,7 +100,7 @@ class Hit:
     dense_rank: int | None = None  # 1-based rank in the vector branch
     sparse_rank: int | None = None  # 1-based rank in the FTS5 branch
     fts_score: float | None = None  # FTS5 bm25() (lower is better)
-    rrf_score: float = 0.0
+    rrf_score: float = 0.0  # the fused score (settings.fusion: convex or RRF), best highest
     rerank_score: float | None = None
     gated_out_reason: str | None = None
     rerank_fallback: str | None = None  # why the rerank stage kept the RRF order (timeout, error)

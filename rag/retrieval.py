@@ -1,4 +1,5 @@
-"""Retrieval: a dense branch (sqlite-vec) and a sparse branch (FTS5 bm25), fused with RRF.
+"""Retrieval: a dense branch (sqlite-vec) and a sparse branch (FTS5 bm25), fused by a convex
+combination of their scores (``fuse_convex``; ``fuse_rrf`` by setting).
 
 Both branches filter INSIDE their query, never afterwards: the vec0 KNN scan carries the
 collection partition (``collection_id = :collection``) and the access metadata filter
@@ -224,8 +225,36 @@ def fuse_rrf(rankings: list[list[int]], k: int = RRF_K, weights: Sequence[float]
     return scores
 
 
+def fuse_convex(similarity: Mapping[int, float], bm25: Mapping[int, float], dense_share: float) -> dict[int, float]:
+    """Convex combination of the branches' scores: ``share * D(c) + (1 - share) * S(c)``, higher is better.
+
+    ``similarity`` is every candidate's cosine similarity to the question (both branches' candidates:
+    the fts-only ones are looked up), ``bm25`` the keyword branch's scores (FTS5's ``bm25()``, lower
+    is better; a candidate it lacks scores its theoretical minimum). ``D`` is the similarity min-max
+    normalised over the candidates; ``S = -bm25 / max(-bm25)`` is normalised against BM25's
+    theoretical minimum 0. Bruch, Gai & Ingber, "An Analysis of Fusion Functions for Hybrid
+    Retrieval" (ACM TOIS 2023): a convex combination beats RRF in and out of domain, and RRF's
+    rank-only view is what buries a passage first in one branch and absent from the other under
+    passages both branches put near rank 20 (python_docs: dense rank 1, hybrid rank 10). The dense
+    side is min-max over the candidates, not against cosine's theoretical -1: e5's similarities
+    crowd into 0.75-0.9, and against -1 the dense branch barely moves the sum (golden_vi MRR@20
+    0.700 at every share).
+    """
+    if not 0.0 <= dense_share <= 1.0:
+        raise ValueError(f"the dense share must lie in [0, 1] (got {dense_share})")
+    low = min(similarity.values(), default=0.0)
+    span = max(similarity.values(), default=0.0) - low
+    top = max((-score for score in bm25.values()), default=0.0)
+    return {
+        cid: dense_share * ((similarity[cid] - low) / span if span > 0 and cid in similarity else 0.0)
+        + (1.0 - dense_share) * (-bm25[cid] / top if top > 0 and cid in bm25 else 0.0)
+        for cid in {*similarity, *bm25}
+    }
+
+
 def branch_weights(
-    query_language: str, landed_language: str, *, toneless_dense_share: float, cross_language_dense_share: float
+    query_language: str, landed_language: str, *, toneless_dense_share: float, cross_language_dense_share: float,
+    plain_dense_share: float = 0.5,
 ) -> tuple[float, float]:
     """The RRF weights (dense, sparse) for a question, from how it is written and what it lands on:
     equal, except where one branch cannot read the question.
@@ -243,7 +272,8 @@ def branch_weights(
       Vietnamese over an English manual): ``cross_language_dense_share``. Keywords match only the
       words both languages share (names, codes), while a multilingual embedder maps both languages
       into one space (golden_vi, English-asked: dense R@4 0.71 against keywords 0.47);
-    - otherwise 0.5 (plain RRF).
+    - otherwise ``plain_dense_share`` (0.5, plain RRF; ``settings.convex_dense_share`` when the
+      branches are fused by ``fuse_convex``, which reads the share as ``weights[0] / 2``).
 
     A share of 0.5 is plain RRF for that case, 0 keywords only, 1 vectors only.
     """
@@ -252,7 +282,7 @@ def branch_weights(
     elif landed_language != "mixed" and query_language != landed_language:
         share = cross_language_dense_share
     else:
-        share = 0.5
+        share = plain_dense_share
     return (2.0 * share, 2.0 * (1.0 - share))
 
 
@@ -329,9 +359,15 @@ def window_rescore(
     windows (Dai & Callan, "Deeper Text Understanding for IR with Contextual Neural Language
     Modeling", SIGIR 2019, MaxP), blended with the whole chunk so one stray sentence cannot win alone.
     """
-    scored = [(d - weight * max(0.0, d - window_distances.get(cid, d)), position, cid, d)
+    scored = [(windowed_distance(d, window_distances.get(cid), weight), position, cid, d)
               for position, (cid, d) in enumerate(dense)]
     return [(cid, d) for _, _, cid, d in sorted(scored)]
+
+
+def windowed_distance(distance: float, window: float | None, weight: float) -> float:
+    """A chunk's distance ``d`` lowered by ``weight`` times what its nearest window ``w`` adds:
+    ``d - weight * max(0, d - w)`` (``d`` itself when it has no window; see ``window_rescore``)."""
+    return distance if window is None else distance - weight * max(0.0, distance - window)
 
 
 def hamming_distances(words: np.ndarray, query_words: np.ndarray) -> np.ndarray:
@@ -654,13 +690,13 @@ def window_distances(conn: store.Connection, vector: np.ndarray, chunk_ids: Sequ
 
 def rescore_by_windows(
     conn: store.Connection, vector: np.ndarray, dense: list[tuple[int, float]], weight: float
-) -> list[tuple[int, float]]:
+) -> tuple[list[tuple[int, float]], dict[int, float]]:
     """The dense branch's candidates reordered by ``window_rescore`` (unchanged when ``weight`` is 0
-    or no candidate has windows)."""
+    or no candidate has windows), and the window distances it read (``window_distances``)."""
     if weight <= 0 or not dense:
-        return dense
+        return dense, {}
     windows = window_distances(conn, vector, [cid for cid, _ in dense])
-    return window_rescore(dense, windows, weight) if windows else dense
+    return (window_rescore(dense, windows, weight) if windows else dense), windows
 
 
 def hit_rows(
@@ -834,12 +870,14 @@ def search(
 ) -> list[Hit]:
     """The best ``k`` chunks for ``query`` that a reader holding ``groups`` may see.
 
-    Stages: "dense" (vectors only), "fts" (FTS5 bm25 only), "hybrid" (both, fused with RRF over
-    each branch's top ``settings.candidates``), "rerank" (hybrid, then ``reranker`` over the first
-    ``settings.rerank_depth``; built from settings when None). ``hamming_cache`` keeps the 1-bit
+    Stages: "dense" (vectors only), "fts" (FTS5 bm25 only), "hybrid" (both, fused over each
+    branch's top ``settings.candidates`` by ``settings.fusion``: ``fuse_convex`` or ``fuse_rrf``),
+    "rerank" (hybrid, then ``reranker`` over the first ``settings.rerank_depth``; built from
+    settings when None). ``hamming_cache`` keeps the 1-bit
     codes of the "hamming" dense mode (``Resources.hamming_cache``; default ``SHARED_HAMMING_CACHE``).
     Every hit keeps its ``dense_rank``/``sparse_rank`` (1-based, None when that branch did not
-    return it), ``rrf_score`` (over the branches the stage used) and cosine ``distance``.
+    return it), ``rrf_score`` (the fused score over the branches the stage used, convex or RRF; the
+    name stays for the JSON of ``rag search``) and cosine ``distance``.
 
     An English question whose first dense passages include a Vietnamese one
     (``translation_target``) is also searched in Vietnamese when a ``translator`` is given and
@@ -900,6 +938,7 @@ def _search_wording(
 
     dense: list[tuple[int, float]] = []
     sparse: list[tuple[int, float]] = []
+    windows: dict[int, float] = {}
     if stage != "fts":
         dense = search_vectors(
             conn, vector, collection_id=coll.id, dimension=coll.dimension, access_keys=access_keys,
@@ -907,7 +946,7 @@ def _search_wording(
             oversample=settings.hamming_oversample if settings.dense_mode == "hamming" else settings.binary_oversample,
             hamming_cache=hamming_cache,
         )
-        dense = rescore_by_windows(conn, vector, dense, settings.window_weight)
+        dense, windows = rescore_by_windows(conn, vector, dense, settings.window_weight)
     if stage != "dense":
         match = build_fts_query(text)
         words = keywords(text)
@@ -929,15 +968,26 @@ def _search_wording(
                         access_keys=access_keys)
         landed = passage_language([row["content"] for row in rows.values()]) if rows else asked
     target = translation_target(asked, [row["content"] for row in rows.values()])
+    convex = settings.fusion == "convex" and bool(dense) and bool(sparse)
     if dense and sparse:
         weights = branch_weights(asked, landed, toneless_dense_share=settings.toneless_dense_share,
-                                 cross_language_dense_share=settings.cross_language_dense_share)
+                                 cross_language_dense_share=settings.cross_language_dense_share,
+                                 plain_dense_share=settings.convex_dense_share if convex else 0.5)
     weighted = [(branch, weight) for branch, weight in zip((dense, sparse), weights, strict=True) if branch]
     rankings = [[cid for cid, _ in branch] for branch, _ in weighted]
-    scores = fuse_rrf(rankings, settings.rrf_k, [weight for _, weight in weighted])
+    distances = {cid: d for cid, d in dense}
+    if convex:  # every candidate's similarity, its windows counted as in the dense branch's own order
+        keyword_only = [cid for cid, _ in sparse if cid not in distances]
+        distances.update(vector_distances(conn, vector, coll.dimension, keyword_only))
+        if settings.window_weight > 0:
+            windows.update(window_distances(conn, vector, keyword_only))
+        similarity = {cid: 1.0 - windowed_distance(d, windows.get(cid), settings.window_weight)
+                      for cid, d in distances.items()}
+        scores = fuse_convex(similarity, dict(sparse), weights[0] / 2.0)
+    else:
+        scores = fuse_rrf(rankings, settings.rrf_k, [weight for _, weight in weighted])
     ordered = order_fused(scores, rankings)[:wanted]
 
-    distances = {cid: d for cid, d in dense}
     missing = [cid for cid in ordered if cid not in distances]
     distances.update(vector_distances(conn, vector, coll.dimension, missing))
     rows.update(hit_rows(conn, [cid for cid in ordered if cid not in rows], collection_id=coll.id,

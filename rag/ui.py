@@ -883,7 +883,7 @@ def hits_frame(answer: Answer) -> pd.DataFrame:
 def _hit_row(hit: Hit, source: str, gate_text: str) -> dict[str, Any]:
     return {
         "source": source, "document": hit.source, "section": hit.section, "distance": round(hit.distance, 4),
-        "dense rank": hit.dense_rank, "sparse rank": hit.sparse_rank, "rrf": round(hit.rrf_score, 5),
+        "dense rank": hit.dense_rank, "sparse rank": hit.sparse_rank, "fused": round(hit.rrf_score, 5),
         "rerank": hit.rerank_score, "gate": gate_text, "from": hit.char_from, "to": hit.char_to,
         "content": hit.content,
     }

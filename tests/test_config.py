@@ -34,6 +34,8 @@ def test_strings_with_quotes_and_backslashes_survive(data_dir: Path, tmp_path: P
     ({"window_chars": -1}, "window_chars must be 0"),
     ({"toneless_dense_share": -0.1}, "toneless_dense_share must lie in [0, 1]"),
     ({"window_weight": 1.5}, "window_weight must lie in [0, 1]"),
+    ({"fusion": "borda"}, "fusion must be one of convex, rrf"),
+    ({"convex_dense_share": -0.1}, "convex_dense_share must lie in [0, 1]"),
     ({"top_k": "many"}, "top_k must be a whole number"),
     ({"colour": "blue"}, "unknown setting 'colour'"),
     ({"llm_path": "/nowhere/model.gguf"}, "no GGUF model file"),

@@ -27,6 +27,7 @@ from rag.retrieval import (
     chunk_fields,
     dense_sql,
     fields_in,
+    fuse_convex,
     fuse_rrf,
     order_fused,
     search,
@@ -131,6 +132,34 @@ def test_weighted_rrf_by_hand() -> None:
         fuse_rrf([[1]], weights=[1.0, 1.0])
 
 
+def test_fuse_convex_by_hand() -> None:
+    similarity = {1: 0.9, 2: 0.5, 3: 0.7}
+    bm25 = {3: -8.0, 2: -2.0}  # FTS5: lower is better
+    scores = fuse_convex(similarity, bm25, 0.7)
+    assert scores[1] == pytest.approx(0.7 * 1.0 + 0.3 * 0.0)  # dense best, no keyword match
+    assert scores[2] == pytest.approx(0.7 * 0.0 + 0.3 * 0.25)  # dense worst: min-max puts it at 0
+    assert scores[3] == pytest.approx(0.7 * 0.5 + 0.3 * 1.0)
+    assert fuse_convex(similarity, bm25, 1.0)[1] == pytest.approx(1.0)
+    assert fuse_convex(similarity, bm25, 0.0) == {1: 0.0, 2: pytest.approx(0.25), 3: pytest.approx(1.0)}
+    assert fuse_convex({}, {}, 0.5) == {}
+    assert fuse_convex({4: 0.3, 5: 0.3}, {}, 0.5) == {4: 0.0, 5: 0.0}  # no spread, no evidence
+    with pytest.raises(ValueError):
+        fuse_convex(similarity, bm25, 1.5)
+
+
+def test_convex_fusion_keeps_a_branch_s_clear_first() -> None:
+    """python_docs PD22: first in the dense branch, absent from the keyword one, RRF ranked it 10th
+    under chunks both branches put near rank 20; the scores say it is far nearer than they are."""
+    dense = list(range(1, 31))  # chunk 1 first; 2..30 shared with the keyword branch
+    sparse = list(range(30, 1, -1))
+    rrf = order_fused(fuse_rrf([dense, sparse]), [dense, sparse])
+    assert rrf.index(1) > 3
+    similarity = {cid: (0.85 if cid == 1 else 0.55 - 0.002 * cid) for cid in dense}
+    bm25 = {cid: -5.0 - 0.01 * rank for rank, cid in enumerate(sparse)}  # a flat keyword branch
+    convex = order_fused(fuse_convex(similarity, bm25, 0.7), [dense, sparse])
+    assert convex[0] == 1
+
+
 def test_branch_weights_by_question_and_passage_language() -> None:
     weights = {"toneless_dense_share": 0.2, "cross_language_dense_share": 0.8}
     assert retrieval.branch_weights("en", "en", **weights) == (1.0, 1.0)
@@ -143,6 +172,10 @@ def test_branch_weights_by_question_and_passage_language() -> None:
     plain = {"toneless_dense_share": 0.5, "cross_language_dense_share": 0.5}
     for asked, landed in [("en", "vi"), ("vi-toneless", "vi"), ("vi", "en")]:
         assert retrieval.branch_weights(asked, landed, **plain) == (1.0, 1.0)
+    # the convex fusion's share for the plain case; the two languages' own rules are unchanged
+    assert retrieval.branch_weights("en", "en", **weights, plain_dense_share=0.7) == pytest.approx((1.4, 0.6))
+    assert retrieval.branch_weights("vi-toneless", "vi", **weights, plain_dense_share=0.7) == pytest.approx((0.4, 1.6))
+    assert retrieval.branch_weights("en", "vi", **weights, plain_dense_share=0.7) == pytest.approx((1.6, 0.4))
 
 
 def test_passage_language_needs_four_of_five() -> None:
@@ -175,6 +208,15 @@ def test_an_english_question_over_vietnamese_passages_follows_the_vectors(
 ) -> None:
     ingest(conn, [write_corpus(tmp_path / "docs", VI_HELP)], settings=settings, embedder=fake_embedder)
     question = "What should I do about error VPN-403?"  # English: only "vpn-403" can match the keywords
+    convex = search(conn, question, embedder=fake_embedder, settings=settings)
+    assert settings.fusion == "convex" and len(convex) == len(VI_HELP)  # every chunk is a candidate
+    similarity = {h.chunk_id: 1.0 - h.distance for h in convex}  # no windows: the chunks are short
+    low, high = min(similarity.values()), max(similarity.values())
+    top = max(-h.fts_score for h in convex if h.fts_score is not None)
+    for h in convex:  # the cross-language share, 0.8 dense, as in RRF
+        keyword = -h.fts_score / top if h.fts_score is not None else 0.0
+        assert h.rrf_score == pytest.approx(0.8 * (similarity[h.chunk_id] - low) / (high - low) + 0.2 * keyword)
+    settings = settings.replace(fusion="rrf")  # the weights checked by hand below are RRF's
     led = search(conn, question, embedder=fake_embedder, settings=settings)
     plain = search(conn, question, embedder=fake_embedder, settings=settings.replace(cross_language_dense_share=0.5))
     assert any(h.sparse_rank for h in led) and any(h.dense_rank and not h.sparse_rank for h in led)
@@ -283,6 +325,7 @@ def test_a_toneless_question_follows_the_keyword_branch(
     corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
 ) -> None:
     question = "loi vpn 403 xu ly sao"
+    settings = settings.replace(fusion="rrf")  # the weights checked by hand below are RRF's
     plain = search(corpus, question, embedder=fake_embedder, settings=settings.replace(toneless_dense_share=0.5))
     keyword_led = search(corpus, question, embedder=fake_embedder, settings=settings)
     only_fts = search(corpus, question, embedder=fake_embedder, settings=settings.replace(toneless_dense_share=0.0))
@@ -317,10 +360,12 @@ def test_order_fused_breaks_ties_by_best_rank_then_id() -> None:
 # search(): signals on every hit
 
 
-def test_hybrid_hits_carry_ranks_rrf_and_cosine_distance(
-    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder
+@pytest.mark.parametrize("fusion", ["rrf", "convex"])
+def test_hybrid_hits_carry_ranks_fused_score_and_cosine_distance(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, fusion: str
 ) -> None:
     query = "paid vacation days"
+    settings = settings.replace(fusion=fusion, window_weight=0.0)  # similarity = 1 - the chunk's distance
     dense = search(corpus, query, embedder=fake_embedder, settings=settings, stage="dense", k=50)
     sparse = search(corpus, query, embedder=fake_embedder, settings=settings, stage="fts", k=50)
     hybrid = search(corpus, query, embedder=fake_embedder, settings=settings, stage="hybrid", k=50)
@@ -330,10 +375,16 @@ def test_hybrid_hits_carry_ranks_rrf_and_cosine_distance(
     assert {h.chunk_id for h in hybrid} == set(dense_rank) | set(sparse_rank)
     vectors = {int(r["id"]): fake_embedder.embed_passages([r["text"]])[0] for r in store.chunk_rows(corpus)}
     q = fake_embedder.embed_queries([query])[0]
+    similarity = [1.0 - h.distance for h in hybrid]
+    top = max(-h.fts_score for h in hybrid if h.fts_score is not None)
     for hit in hybrid:
         assert hit.dense_rank == dense_rank.get(hit.chunk_id)
         assert hit.sparse_rank == sparse_rank.get(hit.chunk_id)
-        expected = sum(1 / (RRF_K + r) for r in (hit.dense_rank, hit.sparse_rank) if r is not None)
+        if fusion == "rrf":
+            expected = sum(1 / (RRF_K + r) for r in (hit.dense_rank, hit.sparse_rank) if r is not None)
+        else:  # share 0.7 of the min-max similarity, 0.3 of the bm25 over the best one
+            expected = (0.7 * (1.0 - hit.distance - min(similarity)) / (max(similarity) - min(similarity))
+                        + 0.3 * (-hit.fts_score / top if hit.fts_score is not None else 0.0))
         assert hit.rrf_score == pytest.approx(expected)
         assert hit.distance == pytest.approx(1 - float(q @ vectors[hit.chunk_id]), abs=1e-5)
         assert (hit.fts_score is None) == (hit.sparse_rank is None)
