@@ -123,7 +123,7 @@ class Settings:
     # per question. No cross-encoder is bundled; a user's is measured the same way before use.
     rerank: str = "none"
     rerank_model: str = ""  # local directory of a sentence-transformers CrossEncoder
-    rerank_budget_ms: float = 4000.0  # past this the reranker gives up and RRF order stands
+    rerank_budget_ms: float = 4000.0  # past this the reranker gives up and the fused order stands
     rerank_depth: int = 20  # how many fused hits the reranker sees
     # --- gate ---
     max_distance: float = 0.675  # cosine distance above which a hit is "not close enough"

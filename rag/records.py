@@ -103,7 +103,7 @@ class Hit:
     rrf_score: float = 0.0  # the fused score (settings.fusion: convex or RRF), best highest
     rerank_score: float | None = None
     gated_out_reason: str | None = None
-    rerank_fallback: str | None = None  # why the rerank stage kept the RRF order (timeout, error)
+    rerank_fallback: str | None = None  # why the rerank stage kept the fused order (timeout, error)
 
 
 @dataclass(frozen=True, slots=True)

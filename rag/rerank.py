@@ -109,14 +109,14 @@ class ScoringReranker(ABC):
                         f"timeout: {self.name} reranker scored {i} of {len(hits)} passages in "
                         f"{elapsed_ms:.0f} ms (budget {self.budget_ms:.0f} ms)"
                     )
-                    log.warning("rerank fell back to RRF order: %s", reason)
+                    log.warning("rerank fell back to the fused order: %s", reason)
                     return fall_back(hits, reason)
                 scores.extend(float(s) for s in self.score_batch(query, passages[i : i + self.batch_size]))
             if len(scores) != len(hits) or not all(np.isfinite(scores)):
                 raise ValueError(f"the model returned {len(scores)} scores for {len(hits)} passages, or a NaN")
-        except Exception as e:  # the stage degrades to RRF order instead of failing the question
+        except Exception as e:  # the stage degrades to the fused order instead of failing the question
             reason = f"error: {type(e).__name__}: {e}"
-            log.warning("rerank fell back to RRF order: %s", reason, exc_info=True)
+            log.warning("rerank fell back to the fused order: %s", reason, exc_info=True)
             return fall_back(hits, reason)
         return order_by_scores(hits, scores)
 
@@ -245,7 +245,7 @@ def rerank_hits(
     llm_loader: LlmLoader | None = None,
 ) -> list[Hit]:
     """The rerank stage: the first ``settings.rerank_depth`` fused hits reordered, the rest after
-    them in RRF order, cut to ``k`` (default ``settings.top_k``).
+    them in fused order, cut to ``k`` (default ``settings.top_k``).
 
     Args:
         query: the checked question text.
@@ -255,7 +255,7 @@ def rerank_hits(
         k: how many hits to return.
         llm_loader: builds the model of an LLM reranker (pass a cached one to share it).
 
-    A model reranker that runs out of its time budget or fails keeps the RRF order of the hits it
+    A model reranker that runs out of its time budget or fails keeps the fused order of the hits it
     was given, each with ``rerank_fallback`` saying why (``ScoringReranker.rank``).
     """
     if reranker is None:
