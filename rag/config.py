@@ -90,13 +90,13 @@ class Settings:
     # (rag.retrieval.necessary_keywords). rag bench at 100k chunks: hybrid p50 49.5 -> 16.1 ms, p95
     # 120 -> 28 ms; golden hybrid R@4/8/20 unchanged on the handbook, guide and Vietnamese sets.
     fts_necessary_only: bool = True
-    # The dense branch's share of the RRF weight for questions in Vietnamese typed without tones
-    # (rag.retrieval.branch_weights; 0.5 = plain RRF, 0 = keywords only). Chosen on golden_vi and the
+    # The dense branch's share of the fused score for questions in Vietnamese typed without tones
+    # (rag.retrieval.dense_share; 0.5 = equal, 0 = keywords only). Chosen on golden_vi and the
     # guide (README "Quality"): flat from 0.1 to 0.3 there, 0.2 taken.
     toneless_dense_share: float = 0.2
     # The dense branch's share for a question in another language than the passages it lands on (the
     # dense branch's first 5): English asked over Vietnamese help, Vietnamese over an English manual,
-    # where keywords match only the words both languages share (rag.retrieval.branch_weights; 0.5 =
+    # where keywords match only the words both languages share (rag.retrieval.dense_share; 0.5 =
     # plain RRF). Chosen on golden_vi (17 English-asked queries): 0.5 -> 0.8 MRR@20 0.50 -> 0.62.
     cross_language_dense_share: float = 0.8
     # A question in Vietnamese typed without tones is re-toned before it is embedded, from the text of

@@ -48,7 +48,7 @@ DENSE_MODES = ("exact", "binary", "hamming")
 RRF_K = 60  # Cormack, Clarke & Büttcher (SIGIR 2009); settings.rrf_k defaults to it
 VEC0_K_MAX = 4096  # sqlite-vec refuses a KNN `k` above this
 MISSING_DISTANCE = 2.0  # the largest cosine distance: a chunk without a stored vector is "farthest"
-# The passages that say which language a question is answered in (branch_weights): the dense
+# The passages that say which language a question is answered in (dense_share): the dense
 # branch's first LANGUAGE_SAMPLE candidates, LANGUAGE_CHARS characters of each.
 LANGUAGE_SAMPLE = 5
 LANGUAGE_CHARS = 600
@@ -252,17 +252,16 @@ def fuse_convex(similarity: Mapping[int, float], bm25: Mapping[int, float], dens
     }
 
 
-def branch_weights(
+def dense_share(
     query_language: str, landed_language: str, *, toneless_dense_share: float, cross_language_dense_share: float,
     plain_dense_share: float = 0.5,
-) -> tuple[float, float]:
-    """The RRF weights (dense, sparse) for a question, from how it is written and what it lands on:
-    equal, except where one branch cannot read the question.
+) -> float:
+    """The dense branch's share of the fused score for a question, from how it is written and what it
+    lands on: ``plain_dense_share``, except where one branch cannot read the question.
 
     ``query_language`` is ``rag.text.query_language`` of the question ("vi", "vi-toneless", "en");
     ``landed_language`` is the language of the passages the dense branch put first
-    (``passage_language``: "vi", "en" or "mixed"). The dense branch gets the share ``s`` of the
-    total 2, weights ``(2s, 2(1 - s))``:
+    (``passage_language``: "vi", "en" or "mixed"):
 
     - Vietnamese typed without tones: ``toneless_dense_share``, whatever the passages. Neither
       bundled embedder reads toneless Vietnamese well (golden_vi: dense R@4 0.54 on those queries
@@ -272,17 +271,25 @@ def branch_weights(
       Vietnamese over an English manual): ``cross_language_dense_share``. Keywords match only the
       words both languages share (names, codes), while a multilingual embedder maps both languages
       into one space (golden_vi, English-asked: dense R@4 0.71 against keywords 0.47);
-    - otherwise ``plain_dense_share`` (0.5, plain RRF; ``settings.convex_dense_share`` when the
-      branches are fused by ``fuse_convex``, which reads the share as ``weights[0] / 2``).
+    - otherwise ``plain_dense_share``: 0.5 for RRF (``branch_weights``),
+      ``settings.convex_dense_share`` for ``fuse_convex``.
 
-    A share of 0.5 is plain RRF for that case, 0 keywords only, 1 vectors only.
+    0 is keywords only, 1 vectors only.
     """
     if query_language == "vi-toneless":
-        share = toneless_dense_share
-    elif landed_language != "mixed" and query_language != landed_language:
-        share = cross_language_dense_share
-    else:
-        share = plain_dense_share
+        return toneless_dense_share
+    if landed_language != "mixed" and query_language != landed_language:
+        return cross_language_dense_share
+    return plain_dense_share
+
+
+def branch_weights(
+    query_language: str, landed_language: str, *, toneless_dense_share: float, cross_language_dense_share: float
+) -> tuple[float, float]:
+    """The RRF weights (dense, sparse) for a question: the ``dense_share`` ``s`` of the total 2,
+    ``(2s, 2(1 - s))``, with plain RRF's equal weights (share 0.5) for the plain case."""
+    share = dense_share(query_language, landed_language, toneless_dense_share=toneless_dense_share,
+                        cross_language_dense_share=cross_language_dense_share)
     return (2.0 * share, 2.0 * (1.0 - share))
 
 
@@ -968,11 +975,11 @@ def _search_wording(
                         access_keys=access_keys)
         landed = passage_language([row["content"] for row in rows.values()]) if rows else asked
     target = translation_target(asked, [row["content"] for row in rows.values()])
+    shares = {"toneless_dense_share": settings.toneless_dense_share,
+              "cross_language_dense_share": settings.cross_language_dense_share}
     convex = settings.fusion == "convex" and bool(dense) and bool(sparse)
-    if dense and sparse:
-        weights = branch_weights(asked, landed, toneless_dense_share=settings.toneless_dense_share,
-                                 cross_language_dense_share=settings.cross_language_dense_share,
-                                 plain_dense_share=settings.convex_dense_share if convex else 0.5)
+    if dense and sparse and not convex:
+        weights = branch_weights(asked, landed, **shares)
     weighted = [(branch, weight) for branch, weight in zip((dense, sparse), weights, strict=True) if branch]
     rankings = [[cid for cid, _ in branch] for branch, _ in weighted]
     distances = {cid: d for cid, d in dense}
@@ -983,7 +990,8 @@ def _search_wording(
             windows.update(window_distances(conn, vector, keyword_only))
         similarity = {cid: 1.0 - windowed_distance(d, windows.get(cid), settings.window_weight)
                       for cid, d in distances.items()}
-        scores = fuse_convex(similarity, dict(sparse), weights[0] / 2.0)
+        scores = fuse_convex(similarity, dict(sparse),
+                             dense_share(asked, landed, **shares, plain_dense_share=settings.convex_dense_share))
     else:
         scores = fuse_rrf(rankings, settings.rrf_k, [weight for _, weight in weighted])
     ordered = order_fused(scores, rankings)[:wanted]

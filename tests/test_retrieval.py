@@ -173,9 +173,9 @@ def test_branch_weights_by_question_and_passage_language() -> None:
     for asked, landed in [("en", "vi"), ("vi-toneless", "vi"), ("vi", "en")]:
         assert retrieval.branch_weights(asked, landed, **plain) == (1.0, 1.0)
     # the convex fusion's share for the plain case; the two languages' own rules are unchanged
-    assert retrieval.branch_weights("en", "en", **weights, plain_dense_share=0.7) == pytest.approx((1.4, 0.6))
-    assert retrieval.branch_weights("vi-toneless", "vi", **weights, plain_dense_share=0.7) == pytest.approx((0.4, 1.6))
-    assert retrieval.branch_weights("en", "vi", **weights, plain_dense_share=0.7) == pytest.approx((1.6, 0.4))
+    assert retrieval.dense_share("en", "en", **weights, plain_dense_share=0.7) == pytest.approx(0.7)
+    assert retrieval.dense_share("vi-toneless", "vi", **weights, plain_dense_share=0.7) == pytest.approx(0.2)
+    assert retrieval.dense_share("en", "vi", **weights, plain_dense_share=0.7) == pytest.approx(0.8)
 
 
 def test_passage_language_needs_four_of_five() -> None:
