@@ -28,7 +28,7 @@ from rag.llm import LanguageModel
 from rag.records import Answer, Hit, Retrieved
 from rag.rerank import Reranker, rerank_hits
 from rag.resources import Resources
-from rag.retrieval import check_query, search
+from rag.retrieval import check_query, question_spelling, search
 from rag.text import detect_language, keywords
 from rag.translate import ModelTranslator
 from rag.verify import declined, extractive
@@ -207,7 +207,10 @@ def _ask_stream(
         "stage": "rerank" if reranking else "hybrid",
         "language": language,
     }
-    translated = translator.translated(check_query(question)) if translator is not None else None
+    spelled = question_spelling(conn, question, settings=settings, groups=tuple(groups), collection=collection)
+    if spelled.changes:
+        trace["spelling"] = [list(change) for change in spelled.changes]  # searched mended (rag.spelling)
+    translated = translator.translated(spelled.text) if translator is not None else None
     if translated is not None:
         trace["translation"] = translated  # also searched as (rag.translate)
     # --- decide, before the model: would answering from these passages be right?

@@ -799,7 +799,7 @@ def _read_queries(path: str, default_groups: list[str]) -> list[dict[str, Any]]:
 def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
     from rag import store
     from rag.errors import QueryError
-    from rag.retrieval import check_query, search
+    from rag.retrieval import question_spelling, search
 
     settings = resources.settings
     if (args.query is None) == (args.queries is None):
@@ -834,7 +834,11 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
         return 0
     if not hits:
         print("no results")
-    translated = translator.translated(check_query(args.query)) if translator is not None else None
+    spelled = question_spelling(conn, args.query, settings=settings, groups=_groups(args.groups),
+                                collection=coll.name)
+    if spelled.changes:
+        print("spelling: " + ", ".join(f"{typed} -> {mended}" for typed, mended in spelled.changes))
+    translated = translator.translated(spelled.text) if translator is not None else None
     if translated:
         print(f"also searched as: {translated}")
     for h in hits:

@@ -109,6 +109,10 @@ class Settings:
     # the two rankings are fused (rag.translate, rag.retrieval.translation_target, fuse_wordings);
     # off = searched as typed only. A base model (Gemma) does not translate. README "Quality".
     translate_questions: bool = True
+    # An English question's misspelt words ("pasword") are mended against the collection's own
+    # vocabulary before both branches search it (rag.spelling: a word no chunk holds and no English
+    # dictionary knows, one edit from a word that a visible chunk holds). README "Quality".
+    spell_correct: bool = True
     # Window vectors (issue 16): a chunk longer than window_chars characters also gets one vector per
     # window of whole sentences (header + at most window_chars characters; 0: none, the pipeline as
     # before). The dense branch rescores its candidates: a chunk's cosine similarity s becomes

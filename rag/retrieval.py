@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag import store
+from rag import spelling, store
 from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import QueryError
@@ -559,10 +559,43 @@ def query_idf(conn: store.Connection, keywords: Sequence[str]) -> dict[str, floa
     """``keyword_idf`` of the query's keywords, from the fts5vocab document frequencies."""
     if store.is_postgres(conn):
         return _pg().query_idf(conn, keywords)
-    words = sorted({w for k in keywords for w in _WORD.findall(k)})
-    doc_freq = {r[0]: int(r[1]) for r in conn.execute(TERM_DOCS_SQL, {"terms": json.dumps(words)})}
+    doc_freq = term_docs(conn, sorted({w for k in keywords for w in _WORD.findall(k)}))
     n_docs = int(conn.execute(CHUNK_COUNT_SQL).fetchone()[0])
     return keyword_idf(n_docs, doc_freq, keywords)
+
+
+def term_docs(conn: store.Connection, terms: Sequence[str]) -> dict[str, int]:
+    """How many chunks of the database hold each folded term (absent: none); fts5vocab on SQLite."""
+    if store.is_postgres(conn):
+        return _pg().term_docs(conn, terms)
+    return {r[0]: int(r[1]) for r in conn.execute(TERM_DOCS_SQL, {"terms": json.dumps(list(terms))})}
+
+
+def question_spelling(
+    conn: store.Connection, query: str, *, settings: Settings, groups: Sequence[str] = ("all",),
+    collection: str | None = None,
+) -> spelling.Spelling:
+    """How ``search`` spells ``query`` for a reader holding ``groups`` (for ``rag search`` and the
+    answer's trace to show it): ``mend_spelling`` when ``settings.spell_correct``, else as typed (also
+    for a collection that does not exist: ``search`` itself says so)."""
+    text = check_query(query)
+    coll = store.get_collection(conn, collection or settings.collection)
+    if not settings.spell_correct or coll is None:
+        return spelling.Spelling(text)
+    return mend_spelling(conn, text, collection_id=coll.id, access_keys=store.visible_access_keys(conn, groups))
+
+
+def mend_spelling(
+    conn: store.Connection, text: str, *, collection_id: int, access_keys: Sequence[int],
+) -> spelling.Spelling:
+    """``rag.spelling.mend_question`` over the database's vocabulary: a candidate is taken only when
+    a chunk of this collection that the reader may see holds it (the vocabulary counts every chunk
+    of every collection, so an unchecked correction could reveal a word of a restricted document)."""
+    def visible(word: str) -> bool:
+        return bool(search_fts(conn, quote_fts(fold(word)), collection_id=collection_id,
+                               access_keys=access_keys, k=1))
+
+    return spelling.mend_question(text, functools.partial(term_docs, conn), visible)
 
 
 def necessary_keywords(idf: dict[str, float], min_coverage: float) -> list[str]:
@@ -909,6 +942,8 @@ def search(
     coll = store.require_collection(conn, collection or settings.collection)
     store.check_embedder(coll, embedder.model_id, embedder.dimension)
     access_keys = store.visible_access_keys(conn, groups)
+    if settings.spell_correct:
+        text = mend_spelling(conn, text, collection_id=coll.id, access_keys=access_keys).text
     wanted = max(k, settings.rerank_depth) if stage == "rerank" else k
     wording = functools.partial(_search_wording, conn, coll=coll, access_keys=access_keys, embedder=embedder,
                                 settings=settings, stage="hybrid" if stage == "rerank" else stage,

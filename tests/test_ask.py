@@ -162,6 +162,14 @@ def test_no_generate_quotes_without_the_model(indexed: store.Connection, setting
     assert answer.citations[0].source == "parking.md"
 
 
+def test_the_trace_says_how_the_question_was_spelt_for_search(indexed: store.Connection, settings: Settings) -> None:
+    answer = run(indexed, settings, "When does the garrage close on weekdays?", FailingLLM(), generate=False)
+    assert answer.trace["spelling"] == [["garrage", "garage"]]
+    assert answer.citations[0].source == "parking.md"
+    plain = run(indexed, settings, GARAGE_Q, FailingLLM(), generate=False)
+    assert "spelling" not in plain.trace
+
+
 def test_show_unsupported_strikes_instead_of_hiding(indexed: store.Connection, settings: Settings) -> None:
     llm = FakeLLM("1], the garage closes at 7 pm on weekdays. The garage serves espresso [1].")
     answer = run(indexed, settings.replace(show_unsupported=True), GARAGE_Q, llm)

@@ -121,3 +121,17 @@ def test_chunks_honours_groups(two_readers_db: Path, capsys: pytest.CaptureFixtu
     assert "backups.md" in capsys.readouterr().out
     assert cli.main(["chunks", "--db", str(two_readers_db), "--groups", "all", "--document", "backups.md"]) == 1
     assert capsys.readouterr().err == "error: no document 'backups.md' is visible to all\n"
+
+
+def test_search_says_how_it_mended_the_spelling_for_this_reader(
+    two_readers_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert cli.main(["search", "which prot does the app listen on", "--db", str(two_readers_db)]) == 0
+    out = capsys.readouterr().out
+    assert "spelling: prot -> port" not in out  # "prot" is four letters: too short to guess
+    assert cli.main(["search", "where do the bakcups go", "--db", str(two_readers_db), "--groups", "admin"]) == 0
+    out = capsys.readouterr().out
+    assert "spelling: bakcups -> backups" in out and "backups.md" in out
+    assert cli.main(["search", "where do the bakcups go", "--db", str(two_readers_db)]) == 0
+    assert "spelling:" not in capsys.readouterr().out  # "backups" is only in the admins' document

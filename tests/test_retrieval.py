@@ -1159,3 +1159,34 @@ def test_tones_come_only_from_passages_the_reader_may_see(
         embedder = RecordingEmbedder()
         search(conn, "muon chon ban in", embedder=embedder, settings=settings, groups=groups)
         assert embedder.queries == [toned]
+
+
+# ---------------------------------------------------------------------------------------------
+# Query spelling (rag.spelling): misspelt English words mended against the visible vocabulary
+
+
+@pytest.mark.parametrize("stage", ["fts", "dense", "hybrid"])
+def test_a_misspelt_question_is_searched_mended(corpus: store.Connection, settings: Settings, stage: str) -> None:
+    embedder = RecordingEmbedder()
+    hits = search(corpus, "how much paid vacaton do emploees earn", embedder=embedder, settings=settings,
+                  stage=stage)
+    assert hits and hits[0].source.endswith("leave.md")
+    if stage != "fts":
+        assert embedder.queries == ["how much paid vacation do employees earn"]
+    off = settings.replace(spell_correct=False)
+    plain = RecordingEmbedder()
+    typed = search(corpus, "vacaton emploees", embedder=plain, settings=off, stage=stage)
+    if stage == "fts":
+        assert typed == []  # neither misspelt word is in any chunk
+    else:
+        assert plain.queries == ["vacaton emploees"]
+
+
+def test_a_correction_comes_only_from_words_the_reader_may_see(corpus: store.Connection, settings: Settings) -> None:
+    coll = store.require_collection(corpus, settings.collection)
+    typed = "what is the salray band cap"  # "salary" is only in hr/salary.md
+    for groups, expected in ((["all"], ()), (["hr"], (("salray", "salary"),))):
+        keys = store.visible_access_keys(corpus, groups)
+        mended = retrieval.mend_spelling(corpus, typed, collection_id=coll.id, access_keys=keys)
+        assert mended.changes == expected
+    assert retrieval.term_docs(corpus, ["salary", "vacation", "nowhere"]) == {"salary": 1, "vacation": 3}

@@ -1,0 +1,125 @@
+"""Query spelling: an English question's misspelt words are mended against the collection's own
+vocabulary before it is searched ("can i reuse an old laptop pasword" -> "... password").
+
+Support-ticket questions are typed fast ("pasword", "seperately", "wierd"). A misspelt keyword
+matches no chunk in the keyword branch, and the embedder splits it into word pieces that no longer
+mean the word, so both branches lose the one term that mattered. A word is mended only when all of
+these hold, so a correct word is never rewritten:
+
+- the question is English (``rag.text.query_language``): Vietnamese, toned or not, is left alone;
+- the word is letters only and at least ``MIN_LENGTH`` long (a four-letter word is one edit away
+  from too many others to guess), and not a stopword;
+- no chunk of the database holds it (the FTS5 vocabulary), and it is not an English word
+  (pyspellchecker's frequency list): a real word the documents do not use is a question about
+  something they lack, and must stay as asked so the gate can refuse it;
+- it is not a word the documents use with an "s" added (British "neighbours", absent from the
+  American list, is the plural of their "neighbour", not a typo);
+- a word one edit away (Norvig's deletes, transposes, replaces and inserts, as pyspellchecker's
+  ``edit_distance_1`` lists them) is in the vocabulary, is an English word itself (the tokenizer's
+  "doesn" of "doesn't" is no mend for "doesnt") and starts with the same letter (a first letter
+  is seldom the one mistyped, Yannakoudakis & Fawthrop 1983, while a name that prefixes a common
+  word is: "zstandard" is not "standard"); the one in most chunks wins, and the caller
+  may reject a candidate (``rag.retrieval`` takes only words that a chunk the reader may see holds,
+  so a correction never reveals a word of a restricted document).
+
+pyspellchecker is used for its English word list and its edit generator; the choice among the
+candidates is ours because the vocabulary that decides is the collection's, not English at large.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rag.text import fold, is_stopword, nfc, query_language
+
+MIN_LENGTH = 5  # letters; shorter words have too many neighbours one edit away
+_LETTERS = re.compile(r"[^\W\d_]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Spelling:
+    """A question as searched: ``text`` with each ``(typed, mended)`` pair of ``changes`` applied."""
+
+    text: str
+    changes: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+@functools.cache
+def _english() -> object:
+    """pyspellchecker's English list (~160k words, ~0.5 s to load once per process)."""
+    from spellchecker import SpellChecker
+
+    return SpellChecker(language="en", distance=1)
+
+
+def is_english_word(word: str) -> bool:
+    return word in _english()  # type: ignore[operator]
+
+
+def one_edit_away(word: str) -> set[str]:
+    """Every string one insert, delete, replace or transpose away from ``word`` (Norvig 2007)."""
+    return set(_english().edit_distance_1(word))  # type: ignore[attr-defined]
+
+
+def suspect_words(text: str) -> list[str]:
+    """The words of an English question that could be misspelt: casefolded letters-only tokens of at
+    least ``MIN_LENGTH`` that are not stopwords, in order, once each. [] for any other language."""
+    if query_language(text) != "en":
+        return []
+    words = (w for w in _LETTERS.findall(nfc(text).casefold()) if len(w) >= MIN_LENGTH and w.isascii())
+    return list(dict.fromkeys(w for w in words if not is_stopword(w)))
+
+
+def choose_correction(candidates: Mapping[str, int], accept: Callable[[str], bool] | None = None) -> str | None:
+    """The candidate held by most chunks (``candidates`` maps word -> chunk count; ties by spelling),
+    the first that ``accept`` takes; None when none is held or accepted."""
+    for word, docs in sorted(candidates.items(), key=lambda wd: (-wd[1], wd[0])):
+        if docs > 0 and (accept is None or accept(word)):
+            return word
+    return None
+
+
+def apply_changes(text: str, changes: Sequence[tuple[str, str]]) -> str:
+    """``text`` with each typed word replaced, in any case, wherever it stands as ``suspect_words``
+    found it: a run of letters (digits and "_" end a word there, as in the FTS5 index)."""
+    for typed, mended in changes:
+        text = re.sub(rf"(?<![^\W\d_]){re.escape(typed)}(?![^\W\d_])", mended, text, flags=re.IGNORECASE)
+    return text
+
+
+def mend_question(
+    text: str,
+    doc_freq: Callable[[Sequence[str]], Mapping[str, int]],
+    accept: Callable[[str], bool] | None = None,
+) -> Spelling:
+    """``text`` with its misspelt words mended (the module docstring says which words and how).
+
+    Args:
+        text: the question, as ``rag.retrieval.check_query`` returns it.
+        doc_freq: how many chunks hold each of the given folded words (absent: none).
+        accept: may refuse a candidate (e.g. one that no chunk the reader may see holds).
+
+    Returns:
+        The question as it should be searched; ``changes`` is empty when nothing was mended.
+    """
+    suspects = suspect_words(text)
+    if not suspects:
+        return Spelling(text)
+    held = doc_freq([fold(w) for w in suspects])
+    typos = [w for w in suspects if held.get(fold(w), 0) == 0 and not is_english_word(w)]
+    if not typos:
+        return Spelling(text)
+    neighbours = {typo: sorted(one_edit_away(typo)) for typo in typos}
+    counts = doc_freq(sorted({fold(c) for near in neighbours.values() for c in near}))
+    changes = []
+    for typo in typos:
+        if counts.get(fold(typo.removesuffix("s")), 0) > 0 and typo.endswith("s"):
+            continue  # the plural of a word the documents use ("neighbours": a spelling the list lacks)
+        near = {c: counts.get(fold(c), 0) for c in neighbours[typo] if c[0] == typo[0] and is_english_word(c)}
+        mended = choose_correction(near, accept)
+        if mended is not None:
+            changes.append((typo, mended))
+    return Spelling(apply_changes(text, changes), tuple(changes)) if changes else Spelling(text)
