@@ -32,6 +32,7 @@ import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rag.text import fold, is_stopword, nfc, query_language
 
@@ -48,7 +49,7 @@ class Spelling:
 
 
 @functools.cache
-def _english() -> object:
+def _english() -> Any:
     """pyspellchecker's English list (~160k words, ~0.5 s to load once per process)."""
     from spellchecker import SpellChecker
 
@@ -56,12 +57,12 @@ def _english() -> object:
 
 
 def is_english_word(word: str) -> bool:
-    return word in _english()  # type: ignore[operator]
+    return word in _english()
 
 
 def one_edit_away(word: str) -> set[str]:
     """Every string one insert, delete, replace or transpose away from ``word`` (Norvig 2007)."""
-    return set(_english().edit_distance_1(word))  # type: ignore[attr-defined]
+    return set(_english().edit_distance_1(word))
 
 
 def suspect_words(text: str) -> list[str]:
@@ -112,14 +113,14 @@ def mend_question(
     typos = [w for w in suspects if held.get(fold(w), 0) == 0 and not is_english_word(w)]
     if not typos:
         return Spelling(text)
-    neighbours = {typo: sorted(one_edit_away(typo)) for typo in typos}
-    counts = doc_freq(sorted({fold(c) for near in neighbours.values() for c in near}))
+    neighbours = {typo: [c for c in one_edit_away(typo) if c[0] == typo[0] and is_english_word(c)] for typo in typos}
+    singulars = {typo: typo[:-1] for typo in typos if typo.endswith("s")}
+    counts = doc_freq(sorted({fold(c) for near in neighbours.values() for c in near} | set(singulars.values())))
     changes = []
     for typo in typos:
-        if counts.get(fold(typo.removesuffix("s")), 0) > 0 and typo.endswith("s"):
+        if counts.get(singulars.get(typo, ""), 0) > 0:
             continue  # the plural of a word the documents use ("neighbours": a spelling the list lacks)
-        near = {c: counts.get(fold(c), 0) for c in neighbours[typo] if c[0] == typo[0] and is_english_word(c)}
-        mended = choose_correction(near, accept)
+        mended = choose_correction({c: counts.get(fold(c), 0) for c in neighbours[typo]}, accept)
         if mended is not None:
             changes.append((typo, mended))
     return Spelling(apply_changes(text, changes), tuple(changes)) if changes else Spelling(text)
