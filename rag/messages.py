@@ -49,6 +49,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "status_extractive": "quoted from the best source",
         "status_no_answer": "not answered",
         "all_hits": "All passages found ({kept} used, {dropped} not used)",
+        "spelling_line": "Searched with the spelling mended: {pairs}",
         "rewrite_line": "Follow-up rewritten ({method}, {ms} ms)",
         "error": "Something went wrong: {error}",
         # timings, in pipeline order
@@ -102,6 +103,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "status_extractive": "trích từ nguồn phù hợp nhất",
         "status_no_answer": "không có câu trả lời",
         "all_hits": "Tất cả các đoạn tìm được ({kept} được dùng, {dropped} không được dùng)",
+        "spelling_line": "Đã tìm với chính tả được sửa: {pairs}",
         "rewrite_line": "Câu hỏi nối tiếp đã được viết lại ({method}, {ms} ms)",
         "error": "Đã xảy ra lỗi: {error}",
         "t_retrieve": "tìm kiếm",

@@ -972,6 +972,9 @@ def render_details(answer: Answer, turn: int = 0) -> None:
         grounded = say(language, "grounded" if answer.grounded else "not_grounded")
         st.caption(say(language, "status_line", status=say(language, f"status_{answer.status}"),
                        sources=len(answer.citations), grounded=grounded))
+        mended = answer.trace.get("spelling") or []  # rag.spelling: what the search read instead
+        if mended:
+            st.caption(say(language, "spelling_line", pairs=", ".join(f"{typed} → {fixed}" for typed, fixed in mended)))
         threshold, best = answer.trace.get("threshold"), answer.trace.get("best_distance")
         if answer.status == "no_answer" and threshold is not None and best is not None:
             st.caption(say(language, "gate_line", threshold=f"{threshold:.3f}", best=f"{best:.3f}"))

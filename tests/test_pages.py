@@ -633,7 +633,8 @@ class ScriptedStream:
             self.status == "extractive" else "", hits=kept, dropped=dropped, language=kwargs.get("language") or "en",
             timings_ms={"retrieve": 12.0, "rerank": 0.0, "gate": 0.1, "first_token": 450.0, "first_text": 800.0,
                         "generate": 900.0, "verify": 3.0, "total": 920.0},
-            trace={"threshold": 0.675, "best_distance": kept[0].distance, "stage": "hybrid"},
+            trace={"threshold": 0.675, "best_distance": kept[0].distance, "stage": "hybrid",
+                   "spelling": [["prot", "port"], ["anothr", "another"]]},
         )
 
 
@@ -669,6 +670,7 @@ def test_ask_page_streams_an_answer_with_citation_links_sources_and_details(
     hits = at.dataframe[0].value
     assert list(hits["gate"][:2]) == ["kept", "kept"] and len(hits) == 6
     assert "All passages found (2 used, 4 not used)" in details
+    assert "Searched with the spelling mended: prot → port, anothr → another" in details
 
 
 def test_ask_page_holds_a_chat_of_several_answers_of_the_same_kind(
