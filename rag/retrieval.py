@@ -618,15 +618,23 @@ def necessary_keywords(idf: dict[str, float], min_coverage: float) -> list[str]:
 
 def covered_fts_hits(
     conn: store.Connection, sparse: list[tuple[int, float]], keywords: Sequence[str], min_coverage: float,
-    idf: dict[str, float] | None = None,
+    idf: dict[str, float] | None = None, floor_to_best: bool = False,
 ) -> list[tuple[int, float]]:
-    """The FTS hits that hold at least ``min_coverage`` of the query's keyword weight, in order."""
+    """The FTS hits that hold at least ``min_coverage`` of the query's keyword weight, in order.
+
+    ``floor_to_best``: when no hit holds that much, the bar drops to the best hit's coverage, so
+    the best-covered hits still vote (``search`` sets it for Vietnamese typed without tones, whose
+    one reliable reader is the keyword branch: a long toneless question whose best hit held 46 % of
+    its keyword weight otherwise lost that hit, and the dense branch cannot read the question)."""
     if not sparse or min_coverage <= 0 or not keywords:
         return sparse
     idf = query_idf(conn, keywords) if idf is None else idf
     texts = (_pg().fts_texts(conn, [c for c, _ in sparse]) if store.is_postgres(conn) else
              {int(r[0]): r[1] for r in conn.execute(FTS_TEXT_SQL, {"ids": json.dumps([c for c, _ in sparse])})})
-    return [(cid, score) for cid, score in sparse if keyword_coverage(texts.get(cid, ""), idf) >= min_coverage]
+    coverage = {cid: keyword_coverage(texts.get(cid, ""), idf) for cid, _ in sparse}
+    if floor_to_best:  # no hit reaches the bar: the best-covered ones still vote
+        min_coverage = min(min_coverage, max(coverage.values()))
+    return [(cid, score) for cid, score in sparse if coverage[cid] >= min_coverage]
 
 
 def _pg() -> Any:
@@ -1000,7 +1008,8 @@ def _search_wording(
             weights=(settings.weight_section, settings.weight_content),
         )
         if stage != "fts":  # in fusion, only hits holding most of the keyword weight may vote
-            sparse = covered_fts_hits(conn, sparse, words, settings.fts_min_coverage, idf)
+            sparse = covered_fts_hits(conn, sparse, words, settings.fts_min_coverage, idf,
+                                      floor_to_best=query_language(text) == "vi-toneless")
     rows: dict[int, Any] = {}
     weights = (1.0, 1.0)
     asked = query_language(text)

@@ -1190,3 +1190,18 @@ def test_a_correction_comes_only_from_words_the_reader_may_see(corpus: store.Con
         mended = retrieval.mend_spelling(corpus, typed, collection_id=coll.id, access_keys=keys)
         assert mended.changes == expected
     assert retrieval.term_docs(corpus, ["salary", "vacation", "nowhere"]) == {"salary": 1, "vacation": 3}
+
+
+def test_the_coverage_bar_drops_to_the_best_hit_only_when_asked(corpus: store.Connection, settings: Settings) -> None:
+    coll = store.require_collection(corpus, settings.collection)
+    keys = store.visible_access_keys(corpus, ["all"])
+    sparse = search_fts(corpus, build_fts_query("vacation gpg"), collection_id=coll.id, access_keys=keys, k=10)
+    idf = {"vacation": 1.0, "gpg": 1.0, "insurance": 2.0}  # no chunk holds "insurance": best coverage 1/4
+    assert retrieval.covered_fts_hits(corpus, sparse, list(idf), 0.5, idf) == []
+    floored = retrieval.covered_fts_hits(corpus, sparse, list(idf), 0.5, idf, floor_to_best=True)
+    assert floored and len(floored) == len(sparse)  # every hit holds one keyword of weight 1 of 4
+    idf["vacation"] = 1.5  # now the vacation hits cover more than the gpg one: only they vote
+    best = retrieval.covered_fts_hits(corpus, sparse, list(idf), 0.5, idf, floor_to_best=True)
+    rows = retrieval.hit_rows(corpus, [cid for cid, _ in best], collection_id=coll.id, access_keys=keys)
+    assert best and all("vacation" in fold(rows[cid]["content"]) for cid, _ in best)
+    assert retrieval.covered_fts_hits(corpus, sparse, list(idf), 0.2, idf, floor_to_best=True) == sparse
