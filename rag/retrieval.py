@@ -980,7 +980,8 @@ def _search_wording(
     searched in too (``translation_target``; None for the fts stage) and its query vector."""
     per_branch = max(settings.candidates, wanted)
     embedded = text
-    if settings.tone_restore_depth > 0 and query_language(text) == "vi-toneless":
+    asked = query_language(text)
+    if settings.tone_restore_depth > 0 and asked == "vi-toneless":
         embedded = toned_query(conn, text, collection_id=coll.id, access_keys=access_keys,
                                depth=settings.tone_restore_depth, weights=(settings.weight_section,
                                                                             settings.weight_content))
@@ -1009,10 +1010,9 @@ def _search_wording(
         )
         if stage != "fts":  # in fusion, only hits holding most of the keyword weight may vote
             sparse = covered_fts_hits(conn, sparse, words, settings.fts_min_coverage, idf,
-                                      floor_to_best=query_language(text) == "vi-toneless")
+                                      floor_to_best=asked == "vi-toneless")
     rows: dict[int, Any] = {}
     weights = (1.0, 1.0)
-    asked = query_language(text)
     landed = asked
     if dense and asked != "vi-toneless":  # the language of the passages it lands on: the dense branch's first
         rows = hit_rows(conn, [cid for cid, _ in dense[:LANGUAGE_SAMPLE]], collection_id=coll.id,
