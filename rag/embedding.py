@@ -14,8 +14,10 @@ by name and built in ``rag.registry``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import itertools
+import logging
 import math
 import os
 import re
@@ -281,6 +283,27 @@ class OnnxEmbedder:
 
 
 ONNX_RECIPE = "int8-v1"  # bump when export_onnx_int8 changes: a new cache folder is built
+# sha256 of the int8 files the pinned onnx / onnxruntime / torch export (pyproject.toml): every figure
+# of the README was measured with these. Another release of onnxruntime writes another file (1.24.4
+# and 1.28.0: MiniLM 3fd1c8a2… and 5516e240…), whose vectors are close (cosine ~0.995) but not equal,
+# so a database built by one install and searched by another ranks a little differently.
+KNOWN_BUILDS = {
+    "all-MiniLM-L6-v2": "500bf67aed62c2da7675f29dd98b73bcb8229bee1dccfe23ebbf0a54bc216a24",
+    "multilingual-e5-small": "2df4b5cbfbe614625831ad45e8ace776425c1b7eac3cf01d6a335b36cff94a2e",
+}
+log = logging.getLogger(__name__)
+
+
+def check_build(model: str, target: Path) -> bool:
+    """Whether a freshly exported file is the build the pinned libraries make; a different one is logged."""
+    with target.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if digest == KNOWN_BUILDS[model]:
+        return True
+    log.warning("%s was exported as a different build (sha256 %s…) than the pinned onnx/onnxruntime make: "
+                "its vectors differ slightly from other installs'; reinstall with pip install -e . to match",
+                model, digest[:12])
+    return False
 
 
 def onnx_cache_dir(cache_root: Path | None = None) -> Path:
@@ -382,6 +405,7 @@ def minilm_int8_file(cache_root: Path | None = None) -> Path:
             export_onnx_int8(source, target)
         except ImportError as e:
             raise ModelLoadError(f"cannot build the ONNX embedding model (missing {e.name}): pip install -e .") from e
+        check_build("all-MiniLM-L6-v2", target)
     return target
 
 
@@ -759,6 +783,7 @@ def e5_int8_file(weights: E5Weights, cache_root: Path | None = None) -> Path:
             export_e5_int8(weights, target)
         except ImportError as e:
             raise ModelLoadError(f"cannot build the ONNX embedding model (missing {e.name}): pip install -e .") from e
+        check_build("multilingual-e5-small", target)
     return target
 
 

@@ -403,10 +403,11 @@ def test_vectors_stay_close_to_the_engines(fast: E5OnnxEmbedder, engine) -> None
 
 @pytest.mark.slow
 def test_export_is_cached_and_reused(fast: E5OnnxEmbedder, e5_cache: Path) -> None:
-    from rag.embedding import load_e5_int8, load_embedder
+    from rag.embedding import check_build, load_e5_int8, load_embedder
 
     built = list(e5_cache.rglob("*.onnx"))
     assert len(built) == 1 and built[0].stat().st_size < 40 * 2**20  # ~22 MB: no word-vector table inside
+    assert check_build("multilingual-e5-small", built[0])  # the build the pinned onnx / onnxruntime make
     stamp = built[0].stat().st_mtime_ns
     again = load_e5_int8(threads=1, cache_dir=e5_cache)
     also = load_embedder("e5-int8", cache_dir=e5_cache)

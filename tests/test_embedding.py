@@ -7,7 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.embedding import MINILM_ID, MINILM_INT8_ID, OnnxEmbedder, load_embedder, max_tokens_for
+from rag.embedding import (
+    MINILM_ID,
+    MINILM_INT8_ID,
+    OnnxEmbedder,
+    check_build,
+    load_embedder,
+    max_tokens_for,
+)
 
 TEXTS = [
     "Employees earn annual leave every pay period; sick leave is separate.",
@@ -29,6 +36,8 @@ def test_int8_onnx_is_built_once_and_stays_close_to_fp32(tmp_path: Path, real_em
     fast = load_embedder("minilm", cache_dir=cache)
     assert isinstance(fast, OnnxEmbedder) and fast.model_id == MINILM_INT8_ID
     assert len(list(cache.rglob("model.onnx"))) == 1
+    # the pinned onnx / onnxruntime export the build every README figure was measured with
+    assert check_build("all-MiniLM-L6-v2", next(cache.rglob("model.onnx")))
     again = load_embedder(MINILM_INT8_ID, cache_dir=cache)  # cached: no second export
     assert len(list(cache.rglob("*.onnx"))) == 1
     fp32 = load_embedder("minilm-fp32")
@@ -56,3 +65,11 @@ def test_parallel_sessions_give_each_text_its_own_vector(tmp_path: Path) -> None
     assert together.shape == alone.shape
     assert np.allclose(together, alone, atol=1e-6)  # every row is its own text's vector, in place
     assert not np.allclose(together[0], together[1], atol=1e-3)
+
+
+def test_a_different_build_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    other = tmp_path / "model.onnx"
+    other.write_bytes(b"not the pinned export")
+    with caplog.at_level("WARNING", logger="rag.embedding"):
+        assert not check_build("all-MiniLM-L6-v2", other)
+    assert "different build" in caplog.text and "all-MiniLM-L6-v2" in caplog.text
