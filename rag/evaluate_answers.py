@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -45,6 +47,8 @@ class AnswerRow:
     signals: dict[str, float] = field(default_factory=dict)  # rag.decide.Signals as a dict (kept hits only)
     evidence_kept: bool = False  # a kept passage holds the evidence (answerable only)
     corpus: str = ""  # the golden set's name: the group of leave-one-corpus-out validation
+    dropped: list[str] = field(default_factory=list)  # why each unverified model sentence was dropped (drop_kind)
+    raw: str = ""  # the model's reply as written (empty without a model)
 
     @property
     def refused(self) -> bool:
@@ -91,6 +95,11 @@ class AnswerReport:
             "total_p50_ms": round(statistics.median(r.total_ms for r in self.rows), 1) if self.rows else None,
         }
 
+    def drop_counts(self) -> dict[str, int]:
+        """How many model sentences each verification rule dropped, most first."""
+        counts = Counter(kind for row in self.rows for kind in row.dropped)
+        return dict(counts.most_common())
+
     def examples(self, corpus: str) -> list[decide.Example]:
         """Rows with kept hits as training examples of the decision (the gate already refused the rest)."""
         return [
@@ -100,7 +109,15 @@ class AnswerReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"golden": self.golden, "collection": self.collection, "language_model": self.language_model,
-                "figures": self.figures(), "rows": [asdict(r) for r in self.rows]}
+                "figures": self.figures(), "dropped": self.drop_counts(), "rows": [asdict(r) for r in self.rows]}
+
+
+_REASON_DETAIL = re.compile(r"\s*[\d:\[{].*$", re.DOTALL)
+
+
+def drop_kind(reason: str) -> str:
+    """A verification reason without its figures and markers: "overlap 0.07 < 0.50 with [1]" -> "overlap"."""
+    return _REASON_DETAIL.sub("", reason).strip() or reason
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -168,6 +185,8 @@ def run_answers(
             first_text_ms=answer.timings_ms.get("first_text"), total_ms=answer.timings_ms.get("total", 0.0),
             signals=answer_signals(conn, query.text, answer, threshold),
             evidence_kept=evidence_kept(answer, query), corpus=golden.name,
+            dropped=[drop_kind(str(d.get("reason", ""))) for d in answer.trace.get("dropped_sentences", [])],
+            raw=str(answer.trace.get("raw", "")) if answer.llm_called else "",
         ))
         if on_query:
             on_query(index, len(queries), query.id)
@@ -344,6 +363,9 @@ def format_figures(report: AnswerReport) -> str:
     width = max(len(k) for k in figures)
     lines = [f"{report.golden} on {report.collection!r}, language model {report.language_model}"]
     lines += [f"{key:<{width}}  {value if value is not None else '-'}" for key, value in figures.items()]
+    dropped = report.drop_counts()
+    if dropped:
+        lines.append("model sentences dropped by verification: " + ", ".join(f"{k} {n}" for k, n in dropped.items()))
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from rag import cli, store
 from rag.config import Settings
-from rag.evaluate_answers import run_answers
+from rag.evaluate_answers import drop_kind, format_figures, run_answers
 from rag.golden import load_golden
 from rag.ingest import ingest
 from rag.resources import Resources
@@ -108,3 +108,17 @@ def test_unsupported_model_sentences_are_counted_from_the_trace(
     [row] = report.rows
     assert row.status == "extractive" and row.model_sentences == 1 and row.supported_sentences == 0
     assert report.figures()["support_rate"] == 0.0 and row.signals["verified"] == 0.0
+    # the row says why the sentence went, and what the model wrote; the report counts the reasons
+    assert row.dropped == ["overlap"]
+    assert row.raw == "According to [1], the moon is made of green cheese and opens at noon."
+    assert report.drop_counts() == {"overlap": 1}
+    assert "dropped by verification: overlap 1" in format_figures(report)
+
+
+def test_drop_kinds_lose_their_figures() -> None:
+    assert drop_kind("overlap 0.07 < 0.50 with [1]") == "overlap"
+    assert drop_kind("number 9 not in [2]") == "number"
+    assert drop_kind("echoes the question: 1 word(s) of [1] beyond it") == "echoes the question"
+    assert drop_kind("does not answer the question: 0.10 of its words") == "does not answer the question"
+    assert drop_kind("adds a negation to [1]") == "adds a negation to"
+    assert drop_kind("copies a source heading") == "copies a source heading"
