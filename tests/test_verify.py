@@ -108,9 +108,19 @@ def test_a_copied_sentence_with_its_citation_is_supported() -> None:
 
 
 def test_the_wrong_source_does_not_support() -> None:
-    verdict = judge(draft_sentence("The garage closes on weekdays [2].", 2), [GARAGE, OFFICE], 0.5)
+    canteen = hit("The canteen serves lunch from noon. Menus change every week.", n=1)
+    verdict = judge(draft_sentence("The garage closes on weekdays [2].", 2), [canteen, OFFICE], 0.5)
     assert not verdict.supported and verdict.citations is None
     assert "[2]" in verdict.reason
+
+
+def test_a_sentence_that_hardly_touches_its_source_is_recited() -> None:
+    # 0 of its words in [2], every one in [1]: a wrong pointer, repaired so the reader is sent to [1]
+    verdict = judge(draft_sentence("The garage closes on weekdays [2].", 2), [GARAGE, OFFICE], 0.5)
+    assert verdict.supported and verdict.citations == (1,)
+    # a third of its words from [2] ("office"), the rest from [1]: a mix of two sources is no pointer slip
+    mixed = judge(draft_sentence("The office closes on weekdays [2].", 2), [GARAGE, OFFICE], 0.5)
+    assert not mixed.supported and mixed.citations is None and "overlap 0.33" in mixed.reason
 
 
 def test_a_number_found_in_another_source_repairs_the_citation() -> None:
@@ -148,7 +158,7 @@ def test_a_sentence_without_a_marker_inherits_the_one_before() -> None:
     drafts = draft_answer("According to [2], the office opens early. The garage closes at 7 pm.", 2)[0]
     judged = judge_sentences(drafts, [GARAGE, OFFICE], 0.5)
     assert judged[1].citations == [1]  # inherited [2], whose missing number then repaired it to [1]
-    drafts = draft_answer("According to [2], the garage is red. It closes at 7 pm.", 2)[0]
+    drafts = draft_answer("According to [2], the car is red. It closes at 7 pm.", 2)[0]
     judged = judge_sentences(drafts, [GARAGE, OFFICE], 0.5)
     assert not judged[0].supported and judged[1].reason == "cites no source"  # nothing to inherit
 
@@ -184,11 +194,16 @@ def test_a_sentence_that_only_echoes_the_question_is_not_supported() -> None:
     assert judge(answer, [jury], 0.5, question).supported  # "receive" and "court" come from the source
 
 
-def test_a_short_answer_with_two_new_words_stands() -> None:
+def test_a_short_answer_with_one_new_word_stands() -> None:
     question = "When does the garage close on weekdays?"
     assert judge(draft_sentence("It closes at 7 pm [1].", 2), [GARAGE, OFFICE], 0.5, question).supported
-    one_new = judge(draft_sentence("The garage closes on weekdays [1].", 2), [GARAGE, OFFICE], 0.5, question)
-    assert not one_new.supported and "1 word(s)" in one_new.reason
+    # "closes" is the question's "close": an inflection is no new word
+    echo = judge(draft_sentence("The garage closes on weekdays [1].", 2), [GARAGE, OFFICE], 0.5, question)
+    assert not echo.supported and "0 word(s)" in echo.reason
+    # one word the question lacks ("holidays") is enough
+    question = "Is the garage closed on public days?"
+    assert judge(draft_sentence("The garage is closed on public holidays [1].", 2), [GARAGE, OFFICE], 0.5,
+                 question).supported
 
 
 def test_an_echo_is_replaced_by_the_quote() -> None:
@@ -356,7 +371,9 @@ def test_verification_on_real_sentences_labelled_by_hand() -> None:
     first sentence of its answer): before the question-share and any-heading rules it passed 10,
     4 right and 6 wrong (3 copied headings or other topics); then 7, 4 right and 3 wrong; with
     a citation repaired on a number found in another source and "0.8" read as "0.80", 10: 7
-    right (2 of them re-cited to the source holding their numbers) and 3 wrong."""
+    right (2 of them re-cited to the source holding their numbers) and 3 wrong; with one new word
+    enough (counted by stem) and a sentence that hardly touches its cited source re-cited, 11: 8
+    right and 3 wrong."""
     import json
 
     from .conftest import ROOT
@@ -375,4 +392,4 @@ def test_verification_on_real_sentences_labelled_by_hand() -> None:
             passed[label] += 1
     assert passed["unsupported"] == 0  # no invented claim passes
     assert passed["wrong"] <= 3  # of 25: a restricted question answered, a claim contradicting its source
-    assert passed["right"] >= 7  # of 17: most right sentences echo the question or paraphrase too freely
+    assert passed["right"] >= 8  # of 17: most right sentences echo the question or paraphrase too freely
