@@ -373,7 +373,9 @@ def test_verification_on_real_sentences_labelled_by_hand() -> None:
     a citation repaired on a number found in another source and "0.8" read as "0.80", 10: 7
     right (2 of them re-cited to the source holding their numbers) and 3 wrong; with one new word
     enough (counted by stem) and a sentence that hardly touches its cited source re-cited, 11: 8
-    right and 3 wrong."""
+    right and 3 wrong. The second batch (40 first sentences of answers the 0.5B had verified on the
+    visible answer samples, 25 right and 15 wrong) passes 24 right and 11 wrong: what verification
+    cannot see is a number taken from the wrong row of a list and a true sentence that does not answer."""
     import json
 
     from .conftest import ROOT
@@ -390,6 +392,6 @@ def test_verification_on_real_sentences_labelled_by_hand() -> None:
         label = recited["label"] if recited and judged.citations == [recited["source"]] else item["label"]
         if judged.supported:
             passed[label] += 1
-    assert passed["unsupported"] == 0  # no invented claim passes
-    assert passed["wrong"] <= 3  # of 25: a restricted question answered, a claim contradicting its source
-    assert passed["right"] >= 8  # of 17: most right sentences echo the question or paraphrase too freely
+    assert passed["unsupported"] == 0  # no invented claim passes (of 28)
+    assert passed["wrong"] <= 14  # of 40: restricted questions answered, wrong list rows, true non-answers
+    assert passed["right"] >= 32  # of 40: most right sentences of the first batch echo or paraphrase freely
