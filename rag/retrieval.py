@@ -293,12 +293,20 @@ def branch_weights(
     return (2.0 * share, 2.0 * (1.0 - share))
 
 
+@functools.lru_cache(maxsize=4096)
+def _language_of_passage(text: str) -> str:
+    """``detect_language`` of a passage's first ``LANGUAGE_CHARS`` characters, remembered: every
+    question reads the language of its first dense passages twice (``passage_language``,
+    ``translation_target``), and the same passages come back for many questions."""
+    return detect_language(text[:LANGUAGE_CHARS])
+
+
 def passage_language(texts: Sequence[str]) -> str:
     """"vi" or "en" when at least ``LANGUAGE_AGREEMENT`` of ``texts`` are written in it
     (``rag.text.detect_language`` of each, at most ``LANGUAGE_CHARS`` characters of it), else
     "mixed" (also for no text at all): a collection in two languages whose first passages disagree
     says nothing about which language the question lands in."""
-    votes = [detect_language(text[:LANGUAGE_CHARS]) for text in texts]
+    votes = [_language_of_passage(text) for text in texts]
     for language in ("vi", "en"):
         if votes and votes.count(language) >= LANGUAGE_AGREEMENT * len(votes):
             return language
@@ -320,7 +328,7 @@ def translation_target(asked: str, texts: Sequence[str]) -> str | None:
     """
     if asked != "en":
         return None
-    return "vi" if any(detect_language(text[:LANGUAGE_CHARS]) == "vi" for text in texts) else None
+    return "vi" if any(_language_of_passage(text) == "vi" for text in texts) else None
 
 
 def fuse_wordings(

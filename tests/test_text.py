@@ -16,6 +16,7 @@ from rag.text import (
     is_stopword,
     keywords,
     quote_fts,
+    vietnamese_share,
 )
 
 
@@ -118,3 +119,20 @@ def test_query_language_tells_toned_toneless_and_english() -> None:
     assert query_language("lam sao de chay ung dung tren cong khac") == "vi-toneless"
     assert query_language("How do I start the app on another port?") == "en"
     assert query_language("VPN-403") == "en"
+
+
+def test_vietnamese_share_counts_marked_letters_by_hand() -> None:
+    assert vietnamese_share("Lỗi xử lý") == 3 / 7  # ỗ ử ý of L ỗ i x ử l ý
+    assert vietnamese_share("ăn đi") == 2 / 4 and vietnamese_share("plain words") == 0.0
+    assert vietnamese_share("e\u0301") == 1.0  # decomposed é is composed first
+    assert vietnamese_share("x\u0301") == 0.0  # no precomposed form: x is an unmarked letter
+    assert vietnamese_share("ά") == 1.0  # Greek with tonos decomposes to an acute, as before
+    assert vietnamese_share("") == vietnamese_share("123 !") == 0.0
+
+
+def test_every_marked_letter_is_in_the_table() -> None:
+    from rag.text import _VI_MARKED_LETTERS, _is_marked
+
+    assert len(_VI_MARKED_LETTERS) == 369 and {"ệ", "Đ", "ư", "ý"} <= _VI_MARKED_LETTERS
+    # the table stops at U+2000: no letter above it decomposes to a Vietnamese mark
+    assert not any(chr(c).isalpha() and _is_marked(chr(c)) for c in range(0x2000, 0x110000))
