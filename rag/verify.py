@@ -353,14 +353,14 @@ def judge(draft: Draft, sources: Sequence[Hit], threshold: float, question: str 
     is not "will provide"); and, when the ``question`` is given, the sentence takes
     ``MIN_NEW_WORDS`` content words from that passage that the question does not contain.
 
-    When a number of the sentence is missing from the sources it cites, each other source is
-    judged alone, and the first that supports it becomes its citation (``Support.citations``):
-    a small model copies "384 dimensions, reads up to 256 word-pieces" from [3] and writes [1],
-    and the reader would click to a passage that does not say it. The claim is checked exactly
-    as strictly; only the pointer is repaired. Only on a number: a number found verbatim in
-    another source is strong evidence of a wrong pointer, while repairing a low word overlap
-    against every source passed 2 wrong sentences of the labelled set for 0 right ones; only a
-    sentence that hardly touches its cited source (``RECITE_BELOW``) is repaired on overlap.
+    When a number of the sentence is missing from the sources it cites, or the cited source holds
+    less than ``RECITE_BELOW`` of its words, each other source is judged alone, and the first that
+    supports it becomes its citation (``Support.citations``): a small model copies "384
+    dimensions, reads up to 256 word-pieces" from [3] and writes [1], and the reader would click
+    to a passage that does not say it. The claim is checked exactly as strictly; only the pointer
+    is repaired. Both are strong evidence of a wrong pointer, while repairing any low word overlap
+    (a sentence that mixes its cited source with another) passed 2 wrong sentences of the
+    labelled set for 0 right ones.
     """
     if declined(draft.text):
         # "The sources do not say ..." is no claim a source can support; the quote is shown instead.
