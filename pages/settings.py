@@ -46,6 +46,9 @@ with ui.frame("manage_settings") as view:
         llm_path = "" if picked == ui.LLM_CHOICES[0] else picked  # "": the default, whichever it is
         if picked == "a GGUF file":
             llm_path = gguf.strip()
+        examiners = list(dict.fromkeys([*ui.EXAMINER_CHOICES, settings.answer_examiner]))  # a GGUF path stays
+        examiner = st.radio("Answer examiner", examiners, index=examiners.index(settings.answer_examiner),
+                            horizontal=True, help=ui.EXAMINER_HELP)
         st.subheader("Conversation")
         methods = ["rules", "model", "off"]
         rewrite = st.radio(
@@ -64,8 +67,8 @@ with ui.frame("manage_settings") as view:
     if saved:
         try:
             view.require("manage_settings")
-            changes = {"embedder": embedder, "llm_path": llm_path.strip(), "rewrite": rewrite,
-                       "max_distance": round(float(default_threshold), 4)}
+            changes = {"embedder": embedder, "llm_path": llm_path.strip(), "answer_examiner": examiner,
+                       "rewrite": rewrite, "max_distance": round(float(default_threshold), 4)}
             path = config.write_settings(changes)
             view.audit("settings_save", changes)
             ui.flash("success", f"Saved to {path}.")

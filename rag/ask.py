@@ -23,6 +23,7 @@ from typing import Any
 from rag import decide, gate, retrieval, store
 from rag.config import Settings, load_settings
 from rag.embedding import Embedder
+from rag.examine import examine_answer
 from rag.generate import answer_stream, start_generation
 from rag.llm import LanguageModel
 from rag.records import Answer, Hit, Retrieved
@@ -35,7 +36,9 @@ from rag.verify import declined, extractive
 
 SearchFn = Callable[..., list[Hit]]  # rag.retrieval.search's signature
 # timings_ms keys, in pipeline order; first_token and first_text count from the question's arrival.
-TIMING_ORDER = ("retrieve", "rerank", "gate", "first_token", "first_text", "generate", "verdict", "verify", "total")
+TIMING_ORDER = (
+    "retrieve", "rerank", "gate", "first_token", "first_text", "generate", "verdict", "verify", "examine", "total",
+)
 
 
 def ask(
@@ -252,6 +255,9 @@ def _ask_stream(
         return
 
     # --- generate, releasing verified sentences as they complete
+    # Examined whenever an examiner is set, the decision off too: `rag eval answers --calibrate`
+    # measures with the decision off, and its rows must carry the signal the policy will read.
+    examiner = _examiner(settings, resources)
     model = language_model()
     generation = start_generation(model, question, kept, settings=settings, language=language)
     for item in answer_stream(model, generation, settings=settings, embedder=embedder, started=started):
@@ -259,15 +265,44 @@ def _ask_stream(
             yield item
             continue
         timings.update(item.timings_ms)
+        item = _examined(dataclasses.replace(item, dropped=dropped, trace={**trace, **item.trace}), examiner, timings)
         timings["total"] = _ms(started)
         yield _after_decision(dataclasses.replace(
-            item, dropped=dropped, timings_ms={key: timings[key] for key in TIMING_ORDER if key in timings},
-            trace={**trace, **item.trace},
+            item, timings_ms={key: timings[key] for key in TIMING_ORDER if key in timings},
         ), policy, signals)
 
 
+Examiner = Callable[[str, str], float | None]  # (question, shown answer) -> yes/no log-odds
+
+
+def _examiner(settings: Settings, resources: Resources) -> Examiner | None:
+    """``rag.examine`` on the model ``settings.answer_examiner`` names (loaded at first use), or None."""
+    if settings.answer_examiner == "off":
+        return None
+
+    def examine(question: str, text: str) -> float | None:
+        return examine_answer(resources.language_model(settings.answer_examiner), question, text)
+
+    return examine
+
+
+def _examined(answer: Answer, examiner: Examiner | None, timings: dict[str, float]) -> Answer:
+    """The answer with the examiner's log-odds in its trace (``lm_logodds``, a decision signal),
+    when there is an examiner and something the model took part in is shown."""
+    if examiner is None or answer.status == "no_answer" or not answer.llm_called:
+        return answer
+    clock = time.perf_counter()
+    logodds = examiner(answer.question, answer.text)
+    timings["examine"] = _ms(clock)
+    if logodds is None:
+        return answer
+    # the signal slot of the writer's own verdict (lm_verdict): with both on, the examiner's is the one read
+    return dataclasses.replace(answer, trace={**answer.trace, "lm_logodds": round(logodds, 4)})
+
+
 def collection_policy(conn: store.Connection, collection: str, settings: Settings) -> decide.Policy | None:
-    """The collection's fitted decision (``rag eval --calibrate``), else the bundled one; None when
+    """The collection's fitted decision (``rag eval --calibrate``), else the bundled one (fitted
+    with the answer examiner's signal when ``settings.answer_examiner`` is on); None when
     ``settings.decision`` is "off" (the distance gate alone decides, as before)."""
     if settings.decision == "off":
         return None
@@ -277,7 +312,7 @@ def collection_policy(conn: store.Connection, collection: str, settings: Setting
             return decide.Policy.from_json(stored)
         except (ValueError, KeyError):  # fitted by an older version with other features: use the bundled one
             pass
-    return decide.bundled_policy()
+    return decide.bundled_policy(examined=settings.answer_examiner != "off")
 
 
 def decision_signals(conn: store.Connection, question: str, kept: Sequence[Hit], threshold: float) -> decide.Signals:

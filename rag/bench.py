@@ -67,6 +67,7 @@ from rag import chunking, metrics, registry, retrieval, store
 from rag.config import Settings, load_settings
 from rag.embedding import Embedder
 from rag.errors import RagError
+from rag.examine import examine_answer
 from rag.extract import extract
 from rag.generate import answer_stream, start_generation
 from rag.golden import GoldenItem, expand_queries, is_relevant, load_golden
@@ -554,6 +555,13 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
     info = registry.resolve(registry.LANGUAGE_MODEL, settings.llm_path)  # the default model when unset
     llm = info.factory(n_ctx=settings.n_ctx, threads=settings.threads, seed=settings.seed)
     load_s = time.perf_counter() - started
+    examiner = None  # the answer examiner (rag.examine) reads each shown answer, as ask runs it
+    examiner_load_s = None
+    if settings.answer_examiner != "off":
+        clock = time.perf_counter()
+        examiner = registry.load_language_model(settings.answer_examiner, n_ctx=settings.n_ctx,
+                                                threads=settings.threads, seed=settings.seed)
+        examiner_load_s = time.perf_counter() - clock
     runs = []
     for index, (question, groups) in enumerate([("warm-up question", ["all"]), *options["questions"]]):
         clock = time.perf_counter()
@@ -566,13 +574,19 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
             answer = item
         if index == 0 or generation.first_token_ms is None or not isinstance(answer, Answer):
             continue
+        examine_ms = None
+        if examiner is not None and answer.status != "no_answer":
+            examined = time.perf_counter()
+            examine_answer(examiner, question, answer.text)
+            examine_ms = _r((time.perf_counter() - examined) * 1000, 1)
         decode_ms = generation.generate_ms - generation.first_token_ms
         runs.append({
             "ttft_ms": answer.timings_ms["first_token"],
             # the first verified sentence a reader sees (None: nothing verified), and the whole
-            # answer: generation, the model's verdict and verification, from the question's arrival
+            # answer: generation, the model's verdict, verification and the examiner, from the question's arrival
             "first_text_ms": answer.timings_ms.get("first_text"),
             "complete_ms": _r((time.perf_counter() - clock) * 1000, 1),
+            "examine_ms": examine_ms,
             "status": answer.status,
             "prefill_ms": _r(generation.first_token_ms, 1),
             "prompt_tokens": len(generation.prompt.tokens),
@@ -580,6 +594,8 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
             "decode_tokens_per_s": _r((generation.tokens - 1) / (decode_ms / 1000), 1) if decode_ms > 0 else None,
         })
     result: dict[str, Any] = {"runs": runs, "llm_load_s": _r(load_s, 2), "llm": info.id,
+                              "examiner": settings.answer_examiner,
+                              "examiner_load_s": _r(examiner_load_s, 2) if examiner_load_s is not None else None,
                               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
     if options.get("all_models"):
         import rag.ui  # noqa: F401  the Streamlit app's module, with streamlit, pandas and altair
@@ -621,6 +637,7 @@ def run_child(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
 def summarise_generation(child: dict[str, Any]) -> dict[str, Any]:
     runs = child["runs"]
     firsts = [r["first_text_ms"] for r in runs if r.get("first_text_ms") is not None]
+    examined = [r["examine_ms"] for r in runs if r.get("examine_ms") is not None]
     return {
         "omp_wait_policy": child["omp_wait_policy"],
         "ttft_ms_p50": _r(statistics.median(r["ttft_ms"] for r in runs), 1) if runs else None,
@@ -633,6 +650,9 @@ def summarise_generation(child: dict[str, Any]) -> dict[str, Any]:
         "complete_ms_p50": _r(statistics.median(r["complete_ms"] for r in runs), 1) if runs else None,
         "llm": child.get("llm"),
         "llm_load_s": child["llm_load_s"],
+        "examiner": child.get("examiner", "off"),
+        "examiner_load_s": child.get("examiner_load_s"),
+        "examine_ms_p50": _r(statistics.median(examined), 1) if examined else None,
         "peak_rss_mb": child["peak_rss_mb"],
         "runs": runs,
     }
@@ -902,6 +922,9 @@ def format_report(report: dict[str, Any]) -> str:
             rows.append(("generation", f"{v.get('llm')}: first verified text p50, complete answer p50",
                          f"{_fmt(v.get('first_text_ms_p50'))} ms ({v.get('first_text_shown')} showed text), "
                          f"{_fmt(v.get('complete_ms_p50'))} ms; load {_fmt(v['llm_load_s'])} s"))
+            if v.get("examiner", "off") != "off":
+                rows.append(("generation", f"answer examiner {v['examiner']}: p50 per shown answer (in complete)",
+                             f"{_fmt(v.get('examine_ms_p50'))} ms; load {_fmt(v.get('examiner_load_s'))} s"))
     if report.get("memory", {}).get("peak_rss_mb") is not None:
         rows.append(("memory", "peak RSS with all models loaded", f"{_fmt(report['memory']['peak_rss_mb'])} MB"))
     width = [max(len(r[c]) for r in rows) for c in range(3)]

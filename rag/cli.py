@@ -439,7 +439,8 @@ def _calibrate_collection(rows: list[Any], resources: Resources, collection: str
     from rag import decide, store
     from rag.evaluate_answers import bundled_rows, calibrate
 
-    training = [*rows, *(r for r in bundled_rows() if r.corpus not in {row.corpus for row in rows})]
+    examined = resources.settings.answer_examiner != "off"  # the bundled rows measured the same way
+    training = [*rows, *(r for r in bundled_rows(examined) if r.corpus not in {row.corpus for row in rows})]
     policy = calibrate(training, source=collection)
     conn = resources.connect()
     with store.transaction(conn):

@@ -162,6 +162,11 @@ class Settings:
     # measured with Qwen2.5-Coder-0.5B on the visible golden sets, the log-odds did not separate
     # right answers from wrong ones (ROC AUC 0.46 over 132 questions) and cost ~0.5 s.
     lm_verdict: bool = False
+    # A second model reads the question and the answer as shown and gives its yes/no log-odds that
+    # the answer gives what is asked (rag.examine): a signal of the decision. "off", or a language
+    # model's registered name ("qwen-1.5b") or GGUF path. The decision then uses the policy fitted
+    # with that signal (rag/decision_examiner.json) instead of the bundled one.
+    answer_examiner: str = "off"
     # --- verification ---
     support_threshold: float = 0.5  # share of a sentence's content words in 2 adjacent sentences of a cited source
     show_unsupported: bool = False  # show dropped sentences struck through instead of hiding
@@ -224,6 +229,8 @@ def validate(settings: Settings) -> Settings:
         raise RagError(f"prompt_style must be 'auto', 'instruct' or 'example' (got {settings.prompt_style!r})")
     if settings.decision not in {"auto", "off"}:
         raise RagError(f"decision must be 'auto' or 'off' (got {settings.decision!r})")
+    if not settings.answer_examiner.strip():
+        raise RagError("answer_examiner must be 'off' or a language model's name or GGUF path (got '')")
     if settings.source_chars < 0:
         raise RagError(f"source_chars must be 0 (whole chunks) or more (got {settings.source_chars})")
     if settings.rewrite not in {"rules", "model", "off"}:

@@ -345,13 +345,17 @@ def joint_thresholds(
     return best[3], best[4]
 
 
+BUNDLED_POLICIES = {False: "decision_default.json", True: "decision_examiner.json"}
+
+
 @functools.cache
-def bundled_policy() -> Policy | None:
-    """The policy fitted on the project's visible golden sets (``rag/decision_default.json``),
+def bundled_policy(examined: bool = False) -> Policy | None:
+    """The policy fitted on the project's visible golden sets (``rag/decision_default.json``; with
+    ``examined``, the one fitted with the answer examiner's log-odds, ``rag/decision_examiner.json``),
     used by a collection that has none of its own; None when the file is absent."""
     from importlib import resources
 
-    path = resources.files("rag").joinpath("decision_default.json")
+    path = resources.files("rag").joinpath(BUNDLED_POLICIES[examined])
     if not path.is_file():
         return None
     return Policy.from_json(path.read_text(encoding="utf-8"))
@@ -368,6 +372,7 @@ def not_found_message(language: str) -> str:
 
 
 __all__ = [
+    "BUNDLED_POLICIES",
     "FEATURES",
     "MODES",
     "DecisionModel",

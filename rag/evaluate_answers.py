@@ -49,6 +49,9 @@ class AnswerRow:
     corpus: str = ""  # the golden set's name: the group of leave-one-corpus-out validation
     dropped: list[str] = field(default_factory=list)  # why each unverified model sentence was dropped (drop_kind)
     raw: str = ""  # the model's reply as written (empty without a model)
+    question: str = ""  # the query as asked
+    shown: str = ""  # what the reader is shown ("" for not found): verified sentences or the quote
+    cited: str = ""  # the first shown citation's passage (for judging the shown answer offline)
 
     @property
     def refused(self) -> bool:
@@ -187,6 +190,8 @@ def run_answers(
             evidence_kept=evidence_kept(answer, query), corpus=golden.name,
             dropped=[drop_kind(str(d.get("reason", ""))) for d in answer.trace.get("dropped_sentences", [])],
             raw=str(answer.trace.get("raw", "")) if answer.llm_called else "",
+            question=query.text, shown="" if answer.status == "no_answer" else answer.text,
+            cited=answer.citations[0].quote if answer.citations and answer.status != "no_answer" else "",
         ))
         if on_query:
             on_query(index, len(queries), query.id)
@@ -334,11 +339,15 @@ def calibrate(rows: Sequence[AnswerRow], source: str, max_bluff: float = 0.10) -
     return dataclasses.replace(policy, report=calibration_report(rows, max_bluff))
 
 
-def bundled_rows() -> list[AnswerRow]:
-    """The rows the bundled policy was fitted on (``rag/decision_rows.json``; [] when absent)."""
+BUNDLED_ROWS = {False: "decision_rows.json", True: "decision_examiner_rows.json"}
+
+
+def bundled_rows(examined: bool = False) -> list[AnswerRow]:
+    """The rows the bundled policy was fitted on (``rag/decision_rows.json``; with ``examined``,
+    those of the policy fitted with the answer examiner's log-odds; [] when absent)."""
     from importlib import resources
 
-    path = resources.files("rag").joinpath("decision_rows.json")
+    path = resources.files("rag").joinpath(BUNDLED_ROWS[examined])
     if not path.is_file():
         return []
     return _rows_from(json.loads(path.read_text(encoding="utf-8")))

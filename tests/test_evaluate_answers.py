@@ -111,6 +111,10 @@ def test_unsupported_model_sentences_are_counted_from_the_trace(
     # the row says why the sentence went, and what the model wrote; the report counts the reasons
     assert row.dropped == ["overlap"]
     assert row.raw == "According to [1], the moon is made of green cheese and opens at noon."
+    # and what the reader was shown (the quote that replaced it), for judging it offline
+    query = load_golden(golden).items[0]
+    assert row.question == query.question and row.shown and row.shown != row.raw and row.cited
+    assert row.shown.startswith("“The garage closes at 7 pm") and "The garage closes at 7 pm" in row.cited
     assert report.drop_counts() == {"overlap": 1}
     assert "dropped by verification: overlap 1" in format_figures(report)
 
