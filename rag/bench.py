@@ -576,14 +576,15 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
             continue
         examine_ms = None
         if examiner is not None and answer.status != "no_answer":
-            examined = time.perf_counter()
+            examine_clock = time.perf_counter()
             examine_answer(examiner, question, answer.text)
-            examine_ms = _r((time.perf_counter() - examined) * 1000, 1)
+            examine_ms = _r((time.perf_counter() - examine_clock) * 1000, 1)
         decode_ms = generation.generate_ms - generation.first_token_ms
         runs.append({
             "ttft_ms": answer.timings_ms["first_token"],
             # the first verified sentence a reader sees (None: nothing verified), and the whole
-            # answer: generation, the model's verdict, verification and the examiner, from the question's arrival
+            # answer: generation, the model's verdict, verification and the examiner, from the question's
+            # arrival
             "first_text_ms": answer.timings_ms.get("first_text"),
             "complete_ms": _r((time.perf_counter() - clock) * 1000, 1),
             "examine_ms": examine_ms,
