@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
 from rag.generate import NO, YES, load_prompt
 from rag.llm import LanguageModel
+from rag.rerank import yes_no_log_odds
 
 _MARKERS = re.compile(r"(?:According to|Theo)\s*\[\d+\]\s*,?\s*|\s*\[\d+\]")  # removed, not replaced
 ANSWER_CHARS = 1200  # a quoted passage is cut here: its opening is what answers, if anything does
@@ -49,7 +48,7 @@ def examine_answer(llm: LanguageModel, question: str, answer: str) -> float | No
     no = [v for k, v in logprobs.items() if k in NO]
     if not yes or not no:
         return None
-    return float(np.logaddexp.reduce(yes) - np.logaddexp.reduce(no))
+    return yes_no_log_odds(yes, no)
 
 
 __all__ = ["ANSWER_CHARS", "answer_for_examiner", "examine_answer"]

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-import numpy as np
-
 from rag.chunking import split_sentences
 from rag.config import Settings
 from rag.embedding import Embedder
@@ -37,6 +35,7 @@ from rag.errors import RagError
 from rag.llm import LanguageModel, Message
 from rag.llm import bundled_gguf_path as bundled_gguf_path  # re-exported: its old home
 from rag.records import Answer, Hit
+from rag.rerank import yes_no_log_odds
 from rag.text import detect_language
 from rag.verify import (
     MARKER,
@@ -447,7 +446,7 @@ def lm_verdict(llm: LanguageModel, generation: Generation) -> float | None:
     no = [v for k, v in logprobs.items() if k in NO]
     if not yes or not no:
         return None
-    return float(np.logaddexp.reduce(yes) - np.logaddexp.reduce(no))
+    return yes_no_log_odds(yes, no)
 
 
 def generation_trace(llm: LanguageModel, generation: Generation, settings: Settings) -> dict[str, Any]:
