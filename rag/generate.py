@@ -44,7 +44,7 @@ from rag.verify import (
     draft_answer,
     introduces,
     judge_sentences,
-    remove_urls,
+    prompt_content,
     shown_piece,
     verify_answer,
 )
@@ -113,22 +113,6 @@ def load_example(language: str) -> Example:
         name = "answer_example_en"
     text = prompt_parts(name, ("sources", "question", "answer", "lead"))
     return Example(text["sources"], text["question"], text["answer"], text["lead"])
-
-
-_LIQUID_TAG = re.compile(r"\{%.*?%\}|\{\{.*?\}\}")  # site-generator tags left in Markdown sources
-_HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-_BLANK_RUNS = re.compile(r"\n{3,}")
-
-
-def prompt_content(content: str) -> str:
-    """A chunk's ``content`` as the model reads it: link targets, images and template tags removed.
-
-    The words stay; only what the model could copy into a link goes (links come from the server),
-    which also shortens the prompt of link-heavy pages.
-    """
-    text = _HTML_COMMENT.sub("", _LIQUID_TAG.sub("", content))
-    text, _ = remove_urls(text)
-    return _BLANK_RUNS.sub("\n\n", text).strip()
 
 
 def focus(content: str, question: str, max_chars: int) -> str:

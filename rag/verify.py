@@ -87,6 +87,26 @@ _REPEATED_COMMAS = re.compile(r",(\s*,)+")
 _LINE_EDGE_SPACES = re.compile(r"^[ \t]+|[ \t]+$", re.MULTILINE)
 
 
+_LIQUID_TAG = re.compile(r"\{%.*?%\}|\{\{.*?\}\}")  # site-generator tags left in Markdown sources
+_HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_BLANK_RUNS = re.compile(r"\n{3,}")
+
+
+@functools.lru_cache(maxsize=512)
+def prompt_content(content: str) -> str:
+    """A chunk's ``content`` as the model reads it: link targets, images and template tags removed.
+
+    The words stay; only what the model could copy into a link goes (links come from the server),
+    which also shortens the prompt of link-heavy pages. A sentence is judged against this text
+    too (``_judge_against``), so a link's target is no evidence for the sentence's words and
+    numbers, and a link that ends a sentence ("... for travel team approval!](...) Your voucher
+    ...") no longer hides the sentence boundary.
+    """
+    text = _HTML_COMMENT.sub("", _LIQUID_TAG.sub("", content))
+    text, _ = remove_urls(text)
+    return _BLANK_RUNS.sub("\n\n", text).strip()
+
+
 def _tidy(text: str) -> str:
     """Close the gaps a removed link or marker leaves: doubled spaces, " ,", "()", edge spaces."""
     text = _EMPTY_BRACKETS.sub("", text)
@@ -402,12 +422,13 @@ def _judge_against(
     negated_sentence = _has_negation(text)
     agreeing, agreeing_window = 0.0, frozenset[str]()
     for hit in cited:
-        everywhere |= numbers(hit.content)
+        content = prompt_content(hit.content)  # what the model read, not the link targets it never saw
+        everywhere |= numbers(content)
         # Runs of one sentence as well as two: the claim's own sentence decides its negation, so
         # "A backup you never opened is a hope. After each copy, run the check." supports "run
         # the check on the copy" (the 2-sentence run alone says "never").
         for size in (1, WINDOW_SENTENCES):
-            for window, negated in evidence_windows(hit.content, size, toned):
+            for window, negated in evidence_windows(content, size, toned):
                 score = len(words & window) / len(words)
                 best = max(best, score)
                 if negated == negated_sentence and score > agreeing:

@@ -172,6 +172,23 @@ def test_the_claims_own_sentence_decides_its_negation() -> None:
     assert "drops the negation" in judge(dropped, [source], 0.5).reason
 
 
+def test_a_sentence_is_judged_against_the_text_the_model_read() -> None:
+    # A link that ends a sentence hid its boundary, so "don't" of the sentence before it negated
+    # the next one (handbook H25: a right answer dropped); words and numbers that only occur in a
+    # link's target or a template tag are no evidence (handbook H39: "insurance" from an URL).
+    source = hit("Finally, don't forget to [stamp and submit for travel team\napproval!]({% page "
+                 '"/travel/faq/#how-to-stamp" %})\nYour voucher will be reviewed in 3-5 business days, and '
+                 "reimbursement will be credited to your bank account 3-5 business days after approval.\n\n"
+                 "The [health plans](https://www.opm.gov/healthcare-insurance/plan-2024/) are listed there.")
+    paid = draft_sentence("According to [1], the money is credited to your bank account 3-5 business days "
+                          "after approval.", 1)
+    assert judge(paid, [source], 0.5).supported
+    from_url = draft_sentence("According to [1], the insurance plan 2024 is listed.", 1)
+    assert judge(from_url, [source], 0.5).reason == "number 2024 not in [1]"
+    assert not judge(draft_sentence("According to [1], healthcare insurance is offered.", 1),
+                     [source], 0.5).supported
+
+
 def test_an_invented_number_is_never_supported() -> None:
     verdict = judge(draft_sentence("The garage closes at 9 pm on weekdays [1].", 2), [GARAGE, OFFICE], 0.1)
     assert not verdict.supported
