@@ -417,11 +417,17 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
     if args.calibrate:  # the raw outcomes: what the policy is fitted on
         settings = dataclasses.replace(settings, decision="off")
     golden = load_golden(args.golden)
+    replies = None
+    if args.replay:
+        from rag.replay import recorded_replies
+
+        replies = recorded_replies(args.replay)
     with resources.connection() as conn:
         report = run_answers(
             conn, golden, resources=resources, settings=settings, generate=not args.no_generate,
             groups_as_golden=args.groups_as_golden, limit=args.limit, sample=args.sample,
             on_query=lambda i, n, qid: print(f"\r{i}/{n} {qid}      ", end="", file=sys.stderr, flush=True),
+            replies=replies,
         )
     print(file=sys.stderr)
     if args.json:
@@ -738,6 +744,10 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     a.add_argument("--calibrate", action="store_true",
                    help="run with the decision off, then fit the collection's answer-or-refuse decision on "
                         "these rows and the bundled corpora (leave-one-corpus-out) and store it")
+    a.add_argument("--replay", metavar="ROWS.json",
+                   help="answer with the replies recorded in an earlier --json file instead of decoding "
+                        "(measures a change to verification or the decision on the same replies; "
+                        "timings then measure nothing)")
     d = esub.add_parser("decision", help="fit the answer-or-refuse decision on `rag eval answers --json` rows "
                                          "(measured with decision = off), leave-one-corpus-out")
     _common(d)

@@ -20,15 +20,17 @@ import json
 import re
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rag import ask as ask_module
 from rag import decide, gate, store
 from rag.config import Settings
+from rag.errors import RagError
 from rag.golden import Golden, Query, expand_queries, is_relevant
 from rag.records import Answer, Hit
+from rag.replay import ReplayModel, answer_leads
 from rag.resources import Resources
 
 
@@ -167,9 +169,15 @@ def run_answers(
     limit: int | None = None,
     sample: int | None = None,
     on_query: Callable[[int, int, str], None] | None = None,
+    replies: Mapping[str, str] | None = None,
 ) -> AnswerReport:
-    """Ask every query of ``golden`` (or the first ``limit``) and score what would be shown."""
+    """Ask every query of ``golden`` (or the first ``limit``) and score what would be shown.
+
+    With ``replies`` (query id -> a reply recorded by an earlier run, ``rag.replay``) the model's
+    answers are played back instead of decoded; everything around them runs as shipped.
+    """
     name = collection or settings.collection
+    replay = _replay_model(resources, settings) if replies is not None and generate else None
     coll = store.require_collection(conn, name)
     embedder = resources.collection_embedder(conn, name)
     threshold = gate.gate_threshold(settings, coll)
@@ -178,8 +186,10 @@ def run_answers(
         queries = [queries[i * len(queries) // sample] for i in range(sample)]
     rows = []
     for index, query in enumerate(queries, start=1):
+        if replay is not None and replies is not None:
+            replay.reply = replies.get(query.id)
         answer = ask_module.ask(query.text, conn=conn, settings=settings, groups=query.groups, collection=name,
-                                embedder=embedder, generate=generate, resources=resources)
+                                embedder=embedder, llm=replay, generate=generate, resources=resources)
         written, supported = written_sentences(answer)
         rows.append(AnswerRow(
             id=query.id, kind=query.kind, status=answer.status,
@@ -196,7 +206,20 @@ def run_answers(
         if on_query:
             on_query(index, len(queries), query.id)
     model = (settings.llm_path or "bundled") if generate else "none (extractive)"
+    if replay is not None:
+        model += f" (replayed: {replay.replayed} of {len(rows)} answers)"
     return AnswerReport(golden.name, name, model, tuple(rows))
+
+
+def _replay_model(resources: Resources, settings: Settings) -> ReplayModel:
+    """The settings' language model answering with recorded replies (``rag.replay``)."""
+    from rag.conversation import REWRITE_MAX_TOKENS
+    from rag.translate import TRANSLATE_MAX_TOKENS
+
+    if settings.max_tokens in (TRANSLATE_MAX_TOKENS, REWRITE_MAX_TOKENS):
+        # the replay tells an answer from a translation or a rewrite by the tokens it asks for
+        raise RagError(f"replaying needs max_tokens other than {TRANSLATE_MAX_TOKENS} and {REWRITE_MAX_TOKENS}")
+    return ReplayModel(resources.language_model(settings.llm_path), settings.max_tokens, answer_leads())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ import pytest
 
 from rag import cli, store
 from rag.config import Settings
-from rag.evaluate_answers import drop_kind, format_figures, run_answers
+from rag.errors import RagError
+from rag.evaluate_answers import drop_kind, dump, format_figures, run_answers
 from rag.golden import load_golden
 from rag.ingest import ingest
+from rag.replay import ReplayModel, recorded_replies, strip_lead
 from rag.resources import Resources
 
 from .fakes import FakeEmbedder, FakeLLM
@@ -117,6 +119,61 @@ def test_unsupported_model_sentences_are_counted_from_the_trace(
     assert row.shown.startswith("“The garage closes at 7 pm") and "The garage closes at 7 pm" in row.cited
     assert report.drop_counts() == {"overlap": 1}
     assert "dropped by verification: overlap 1" in format_figures(report)
+
+
+def test_recorded_replies_are_played_back_instead_of_decoded(
+    setup: tuple[store.Connection, Settings, Path], monkeypatch: pytest.MonkeyPatch, db_path: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    conn, settings, golden = setup
+    with Resources(settings) as resources:
+        recorded = run_answers(conn, load_golden(golden), resources=resources, settings=settings)
+    saved = tmp_path / "recorded.json"
+    saved.write_text(dump(recorded), encoding="utf-8")
+    wrong = FakeLLM("1], the moon is made of green cheese and opens at noon.")
+
+    def wrong_model(self: Any, name: str | None = None) -> FakeLLM:
+        return wrong
+
+    monkeypatch.setattr(Resources, "language_model", wrong_model)
+    with Resources(settings) as resources:
+        replayed = run_answers(conn, load_golden(golden), resources=resources, settings=settings,
+                               replies=recorded_replies(str(saved)))
+    # the same replies judged the same way, and the model decoded nothing (it still built the prompts)
+    assert [(r.id, r.status, r.correct, r.raw, r.shown) for r in replayed.rows] == \
+        [(r.id, r.status, r.correct, r.raw, r.shown) for r in recorded.rows]
+    assert wrong.calls == [] and wrong.prompts
+    assert replayed.language_model.endswith(f"(replayed: {len(recorded.rows)} of {len(recorded.rows)} answers)")
+    # a query whose reply was not recorded is generated
+    with Resources(settings) as resources:
+        partial = run_answers(conn, load_golden(golden), resources=resources, settings=settings,
+                              replies={"A1/q": recorded.rows[0].raw})
+    assert {r.id: r.raw for r in partial.rows}["U1/q"].endswith("green cheese and opens at noon.")
+    assert len(wrong.calls) == 1
+    # the command line
+    assert cli.main(["eval", "answers", "--db", str(db_path), "--golden", str(golden), "--replay", str(saved)]) == 0
+    # (its own settings: the gate refuses the unanswerable query before any model is asked)
+    assert "(replayed: 1 of 2 answers)" in capsys.readouterr().out and len(wrong.calls) == 1
+
+
+def test_a_replay_model_decodes_everything_but_the_answer() -> None:
+    inner = FakeLLM("Khi nào nhà xe đóng cửa?")
+    replay = ReplayModel(inner, answer_tokens=200, leads=("According to [", "Theo ["))
+    replay.reply = "According to [1], the garage closes at 7 pm [1]."
+    translated = "".join(d.text for d in replay.stream([1, 2], max_tokens=64, stop=[]))
+    assert translated == "Khi nào nhà xe đóng cửa?" and len(inner.calls) == 1  # a translation is decoded
+    answer = list(replay.stream([1, 2], max_tokens=200, stop=[]))
+    assert [d.text for d in answer] == ["1], the garage closes at 7 pm [1]."] and len(inner.calls) == 1
+    assert replay.reply is None and replay.replayed == 1  # one answer per query
+    assert strip_lead("Theo [2], nhà xe", replay.leads) == "2], nhà xe"
+    assert strip_lead("The garage", replay.leads) == "The garage"
+
+
+def test_an_unreadable_recording_is_a_clear_error(tmp_path: Path) -> None:
+    broken = tmp_path / "rows.json"
+    broken.write_text("{not json", encoding="utf-8")
+    with pytest.raises(RagError, match="cannot read recorded replies"):
+        recorded_replies(str(broken))
 
 
 def test_drop_kinds_lose_their_figures() -> None:
