@@ -421,6 +421,9 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
     if args.replay:
         from rag.replay import recorded_replies
 
+        if args.no_generate:
+            raise RagError("--replay plays back a model's replies; it cannot be combined with --no-generate")
+
         replies = recorded_replies(args.replay)
     with resources.connection() as conn:
         report = run_answers(
@@ -747,7 +750,7 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     a.add_argument("--replay", metavar="ROWS.json",
                    help="answer with the replies recorded in an earlier --json file instead of decoding "
                         "(measures a change to verification or the decision on the same replies; "
-                        "timings then measure nothing)")
+                        "timings then measure retrieval and verification, not the model)")
     d = esub.add_parser("decision", help="fit the answer-or-refuse decision on `rag eval answers --json` rows "
                                          "(measured with decision = off), leave-one-corpus-out")
     _common(d)

@@ -177,8 +177,8 @@ def run_answers(
     answers are played back instead of decoded; everything around them runs as shipped.
     """
     name = collection or settings.collection
-    replay = _replay_model(resources, settings) if replies is not None and generate else None
     coll = store.require_collection(conn, name)
+    replay = _replay_model(resources, settings) if replies is not None and generate else None
     embedder = resources.collection_embedder(conn, name)
     threshold = gate.gate_threshold(settings, coll)
     queries = expand_queries(golden.items, groups_as_golden)[:limit]

@@ -154,6 +154,9 @@ def test_recorded_replies_are_played_back_instead_of_decoded(
     assert cli.main(["eval", "answers", "--db", str(db_path), "--golden", str(golden), "--replay", str(saved)]) == 0
     # (its own settings: the gate refuses the unanswerable query before any model is asked)
     assert "(replayed: 1 of 2 answers)" in capsys.readouterr().out and len(wrong.calls) == 1
+    assert cli.main(["eval", "answers", "--db", str(db_path), "--golden", str(golden), "--replay", str(saved),
+                     "--no-generate"]) != 0
+    assert "cannot be combined with --no-generate" in capsys.readouterr().err
 
 
 def test_a_replay_model_decodes_everything_but_the_answer() -> None:
