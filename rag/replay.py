@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from rag.errors import RagError
+from rag.generate import LANGUAGE_NAMES, instruct_lead, load_example
 from rag.llm import ChatPrompt, LanguageModel, Message, TextDelta
 
 
@@ -91,7 +92,7 @@ class ReplayModel:
 def recorded_replies(path: str) -> dict[str, str]:
     """Query id -> the model's reply, from a ``rag eval answers --json`` file (rows the model
     answered; a row without a reply is generated again when replayed)."""
-    from rag.evaluate_answers import load_rows
+    from rag.evaluate_answers import load_rows  # here: evaluate_answers imports this module
 
     try:
         rows = load_rows(path)
@@ -103,8 +104,6 @@ def recorded_replies(path: str) -> dict[str, str]:
 def answer_leads() -> tuple[str, ...]:
     """Every lead an answer prompt may prime the model's turn with (instruct and worked example,
     every language with a prompt)."""
-    from rag.generate import LANGUAGE_NAMES, instruct_lead, load_example
-
     leads = {lead for language in LANGUAGE_NAMES for lead in (instruct_lead(language), load_example(language).lead)}
     return tuple(sorted(leads))
 
