@@ -332,7 +332,7 @@ def _write_json(value: Any, target: str) -> None:
 
 def cmd_eval(args: argparse.Namespace, resources: Resources) -> int:
     sub = {"compare": cmd_eval_compare, "strategies": cmd_eval_strategies, "history": cmd_eval_history,
-           "answers": cmd_eval_answers, "decision": cmd_eval_decision}
+           "answers": cmd_eval_answers, "decision": cmd_eval_decision, "ranker": cmd_eval_ranker}
     return sub.get(args.eval_command or "run", cmd_eval_run)(args, resources)
 
 
@@ -484,6 +484,48 @@ def cmd_eval_decision(args: argparse.Namespace, resources: Resources) -> int:
         with store.transaction(conn):
             store.set_meta(conn, decide.META_KEY + resources.settings.collection, policy.to_json())
         print(f"collection {resources.settings.collection!r}: decision stored")
+    return 0
+
+
+def cmd_eval_ranker(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import evaluate_ranker, ranker, store
+    from rag.config import database_location
+    from rag.golden import load_golden
+    from rag.resources import Resources as SetResources
+
+    settings = resources.settings
+    if args.depth < 1:
+        raise RagError(f"--depth must be at least 1 (got {args.depth})")
+    sets = {}
+    for db, golden_path in args.sets:
+        golden = load_golden(golden_path)
+        name = golden.name if golden.name != "golden" else Path(golden_path).resolve().parent.name
+        if name in sets:
+            raise RagError(f"two golden sets are named {name!r}: rename one file")
+        location = database_location(db)
+        if not store.database_exists(location):
+            raise RagError(f"no database at {db}: build one with `rag ingest DIR --db FILE` first")
+        with SetResources(dataclasses.replace(settings, db_path=location)) as own:
+            conn = own.connect()
+            coll = store.require_collection(conn, settings.collection)
+            print(f"{name}: asking the answerable queries of {len(golden.items)} items", file=sys.stderr)
+            sets[name] = evaluate_ranker.ranked_queries(
+                conn, golden, embedder=own.embedder(coll.embedder), settings=own.settings, depth=args.depth,
+                translator=own.translator() if settings.translate_questions else None)
+    if args.check:
+        model = ranker.load_rank_model(settings.rank_model)
+        if model is None:
+            raise RagError("rank_model is off: there is no learned order to check")
+        print(evaluate_ranker.format_checks([evaluate_ranker.check(n, rows, model) for n, rows in sets.items()]))
+        return 0
+    print(evaluate_ranker.format_checks(evaluate_ranker.leave_one_corpus_out(sets, args.depth)))
+    model = evaluate_ranker.fit(sets, args.depth)
+    print("fitted on " + ", ".join(model.fitted_on) + ": "
+          + ", ".join(f"{name} {w:+.3f}" for name, w in zip(ranker.FEATURES, model.weights, strict=True))
+          + f", intercept {model.intercept:+.3f}")
+    if args.out:
+        Path(args.out).write_text(model.to_json(), encoding="utf-8")
+        print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
@@ -717,7 +759,7 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
                     "rag eval strategies --corpus DIR --golden G.json | rag eval history --db FILE",
     )
     _eval_run_options(p)
-    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history,answers,decision}")
+    esub = p.add_subparsers(dest="eval_command", metavar="{run,compare,strategies,history,answers,decision,ranker}")
     _eval_run_options(esub.add_parser("run", help="evaluate a database (the default)"))
     c = esub.add_parser("compare", help="paired comparison of two runs, or of two stages of one run")
     c.add_argument("runs", nargs="+", metavar="RUN.json")
@@ -759,6 +801,15 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     d.add_argument("--store", action="store_true", help="store it as the collection's decision")
     d.add_argument("--source", default="bundled", help="name recorded in the policy (default: bundled)")
     d.add_argument("--max-bluff", type=float, default=0.10, help="largest out-of-fold bluff rate (default 0.10)")
+    r = esub.add_parser("ranker", help="fit the learned order on golden sets (leave-one-corpus-out), or check "
+                                       "the configured one on a set it was not fitted on")
+    r.add_argument("--set", dest="sets", nargs=2, action="append", metavar=("DB", "GOLDEN"), required=True,
+                   help="a database and its golden set (repeat; the golden file's stem names the set)")
+    r.add_argument("--depth", type=int, default=30, help="fused hits the model re-orders (default 30)")
+    r.add_argument("--out", help="write the model fitted on every set as JSON (rag/ranker_default.json is the "
+                                 "bundled one); point rank_model at it to use it")
+    r.add_argument("--check", action="store_true",
+                   help="fit nothing: score each set with the configured rank_model (a held-out check)")
     h = esub.add_parser("history", help="stored runs, newest first, and the flips of the latest")
     _common(h)
     h.add_argument("--golden-name", help="only runs on this golden set (file stem)")
@@ -780,7 +831,8 @@ def hit_json(rank: int, hit: Any) -> dict[str, Any]:
         "rank": rank, "chunk_id": hit.chunk_id, "source": hit.source, "section": hit.section,
         "from": hit.char_from, "to": hit.char_to, "page": hit.page, "distance": hit.distance,
         "dense_rank": hit.dense_rank, "sparse_rank": hit.sparse_rank, "rrf_score": hit.rrf_score,
-        "fts_score": hit.fts_score, "rerank_score": hit.rerank_score, "rerank_fallback": hit.rerank_fallback,
+        "rank_score": hit.rank_score, "fts_score": hit.fts_score, "rerank_score": hit.rerank_score,
+        "rerank_fallback": hit.rerank_fallback,
         "content": hit.content,
     }
 
@@ -858,8 +910,9 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
     for h in hits:
         ranks = f"dense {h['dense_rank'] or '-'} fts {h['sparse_rank'] or '-'}"
         rerank = f" rerank {h['rerank_score']:.3f}" if h["rerank_score"] is not None else ""
+        learned = f" learned {h['rank_score']:.3f}" if h.get("rank_score") is not None else ""
         print(f"{h['rank']:2}. {h['source']} [{h['from']}:{h['to']}]  distance {h['distance']:.3f}  {ranks}  "
-              f"fused {h['rrf_score']:.4f}{rerank}  {h['section']}")
+              f"fused {h['rrf_score']:.4f}{learned}{rerank}  {h['section']}")
         print("    " + " ".join(h["content"].split())[:160])
     if hits and hits[0]["rerank_fallback"]:
         print(f"not reranked: {hits[0]['rerank_fallback']}", file=sys.stderr)

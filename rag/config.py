@@ -121,6 +121,12 @@ class Settings:
     # checked on the held-out ones (eval/): 500 characters, weight 0.5.
     window_chars: int = 500
     window_weight: float = 0.5
+    # Learned order (issue 16, rag.ranker): a logistic model over the fusion's own signals (scores,
+    # branch ranks, keyword coverage of content and headings, length) re-orders the first
+    # rank_model.depth (30) fused hits of "hybrid". "bundled" = rag/ranker_default.json, fitted on the
+    # visible golden sets with `rag eval ranker`; a path = a model fitted on your own golden set;
+    # "off" = the fused order. Checked leave-one-corpus-out and on the held-out sets (README "Quality").
+    rank_model: str = "bundled"
     # "none" | "cross-encoder" | "llm". Off by default, by measurement (rag eval --stages hybrid,rerank,
     # handbook golden set, 56 answerable queries): the LLM reranker over the bundled Gemma-3-270M took
     # R@1/4/8 from 0.607/0.893/0.946 to 0.071/0.179/0.375 (R@4 +2/-42, sign test p = 1e-10) at ~12 s
@@ -251,6 +257,8 @@ def validate(settings: Settings) -> Settings:
         raise RagError(f"fusion must be one of {', '.join(FUSIONS)} (got {settings.fusion!r})")
     if not 0.0 <= settings.convex_dense_share <= 1.0:
         raise RagError(f"convex_dense_share must lie in [0, 1] (got {settings.convex_dense_share})")
+    if not settings.rank_model.strip():
+        raise RagError("rank_model must be 'bundled', 'off' or the path of a file from `rag eval ranker` (got '')")
     if not 0.0 <= settings.window_weight <= 1.0:
         raise RagError(f"window_weight must lie in [0, 1] (got {settings.window_weight})")
     if not 0.0 <= settings.max_distance <= 2.0:

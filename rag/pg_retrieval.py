@@ -110,6 +110,7 @@ WHERE k.fts @@ %(query)s::tsquery
 TERM_DOCS_SQL = "SELECT term, docs FROM fts_terms WHERE term = ANY(%(terms)s)"
 TOTALS_SQL = "SELECT docs, tokens FROM fts_totals"
 FTS_TEXT_SQL = "SELECT id, fts_heading || ' ' || fts_body FROM chunks WHERE id = ANY(%(ids)s)"
+FOLDED_BODY_SQL = "SELECT id, fts_body FROM chunks WHERE id = ANY(%(ids)s)"
 VECTOR_DISTANCE_SQL = """
 SELECT chunk_id, embedding <=> %(query)s::vector FROM chunk_vectors WHERE chunk_id = ANY(%(ids)s)
 """
@@ -294,6 +295,10 @@ def query_idf(conn: PgConnection, keywords: Sequence[str]) -> dict[str, float]:
 
 def fts_texts(conn: PgConnection, chunk_ids: Sequence[int]) -> dict[int, str]:
     return {int(r[0]): r[1] for r in conn.query(FTS_TEXT_SQL, {"ids": [int(i) for i in chunk_ids]})}
+
+
+def folded_bodies(conn: PgConnection, chunk_ids: Sequence[int]) -> dict[int, str]:
+    return {int(r[0]): r[1] for r in conn.query(FOLDED_BODY_SQL, {"ids": [int(i) for i in chunk_ids]})}
 
 
 WINDOW_DISTANCE_SQL = """

@@ -102,6 +102,7 @@ class Hit:
     fts_score: float | None = None  # FTS5 bm25() (lower is better)
     rrf_score: float = 0.0  # the fused score (settings.fusion: convex or RRF), best highest
     rerank_score: float | None = None
+    rank_score: float | None = None  # the learned order's probability that it holds the answer (rag.ranker)
     gated_out_reason: str | None = None
     rerank_fallback: str | None = None  # why the rerank stage kept the fused order (timeout, error)
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag import spelling, store
+from rag import ranker, spelling, store
 from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import QueryError
@@ -148,6 +148,9 @@ CHUNK_COUNT_SQL = "SELECT coalesce(max(id), 0) FROM chunks"
 FTS_TEXT_SQL = """
 SELECT id, fts_heading || ' ' || fts_body FROM chunks WHERE id IN (SELECT value FROM json_each(:ids))
 """
+
+# The folded content alone (fold(content), as ingest stored it for FTS5), for the learned order.
+FOLDED_BODY_SQL = "SELECT id, fts_body FROM chunks WHERE id IN (SELECT value FROM json_each(:ids))"
 
 # Cosine distance of stored vectors to the query, for hits the dense branch did not return: rowid
 # lookups in the plain chunk_vectors table (a vec0 point lookup costs ~0.25 ms each). The same
@@ -606,6 +609,20 @@ def mend_spelling(
     return spelling.mend_question(text, functools.partial(term_docs, conn), visible)
 
 
+def rank_features(conn: store.Connection, text: str, hits: Sequence[Hit]) -> np.ndarray:
+    """``rag.ranker.rank_features`` of a fused list for ``text``: the keyword coverages come from the
+    question's IDF weights (``query_idf``), of each hit's content and of its title and section path."""
+    if not hits:
+        return ranker.rank_features([], [], [])
+    idf = query_idf(conn, keywords(text))
+    ids = [h.chunk_id for h in hits]  # fold(content) as stored: folding 30 passages again costs ~3 ms
+    bodies = (_pg().folded_bodies(conn, ids) if store.is_postgres(conn) else
+              {int(r[0]): r[1] for r in conn.execute(FOLDED_BODY_SQL, {"ids": json.dumps(ids)})})
+    coverage = [keyword_coverage(bodies[h.chunk_id] if h.chunk_id in bodies else fold(h.content), idf) for h in hits]
+    heading = [keyword_coverage(fold(f"{h.title} {h.section}"), idf) for h in hits]
+    return ranker.rank_features(hits, coverage, heading)
+
+
 def necessary_keywords(idf: dict[str, float], min_coverage: float) -> list[str]:
     """The keywords at least one of which a chunk must hold to reach ``min_coverage``.
 
@@ -961,6 +978,9 @@ def search(
     if settings.spell_correct:
         text = mend_spelling(conn, text, collection_id=coll.id, access_keys=access_keys).text
     wanted = max(k, settings.rerank_depth) if stage == "rerank" else k
+    rank_model = ranker.load_rank_model(settings.rank_model) if stage in ("hybrid", "rerank") else None
+    if rank_model is not None:  # the learned order reads its whole depth of fused hits
+        wanted = max(wanted, rank_model.depth)
     wording = functools.partial(_search_wording, conn, coll=coll, access_keys=access_keys, embedder=embedder,
                                 settings=settings, stage="hybrid" if stage == "rerank" else stage,
                                 hamming_cache=hamming_cache)
@@ -975,6 +995,9 @@ def search(
         seen = {hit.chunk_id for hit in first}
         own = vector_distances(conn, vector, coll.dimension, [h.chunk_id for h in other if h.chunk_id not in seen])
         hits = fuse_wordings(first, other, settings.rrf_k, own)[:wanted]
+    if rank_model is not None:
+        depth = rank_model.depth
+        hits = ranker.learned_order(hits[:depth], rank_features(conn, text, hits[:depth]), rank_model) + hits[depth:]
     if stage != "rerank":
         return hits[:k]
     return rerank_hits(text, hits, settings=settings, reranker=reranker, k=k)

@@ -889,7 +889,8 @@ def _hit_row(hit: Hit, source: str, gate_text: str) -> dict[str, Any]:
     return {
         "source": source, "document": hit.source, "section": hit.section, "distance": round(hit.distance, 4),
         "dense rank": hit.dense_rank, "sparse rank": hit.sparse_rank, "fused": round(hit.rrf_score, 5),
-        "rerank": hit.rerank_score, "gate": gate_text, "from": hit.char_from, "to": hit.char_to,
+        "learned": None if hit.rank_score is None else round(hit.rank_score, 4), "rerank": hit.rerank_score,
+        "gate": gate_text, "from": hit.char_from, "to": hit.char_to,
         "content": hit.content,
     }
 

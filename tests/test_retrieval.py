@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
 
 from rag import retrieval, store
-from rag.config import Settings
+from rag.config import Settings, load_settings
 from rag.errors import IndexMismatchError, NotFoundError, QueryError
 from rag.ingest import ingest
 from rag.records import Chunk, Hit
@@ -44,6 +44,13 @@ from .fakes import FakeEmbedder
 def db_path(backend_db: Path | str) -> Path | str:
     """Every test here runs on SQLite and on PostgreSQL (tests/conftest.py), but the SQLITE_ONLY ones."""
     return backend_db
+
+
+@pytest.fixture
+def settings(db_path: Path | str) -> Settings:
+    """The fused order, as fusion leaves it: these tests pin the branches and their fusion. The learned
+    order over it (rank_model) has its own tests in test_ranker.py, on this module's corpus."""
+    return load_settings(db_path=db_path, rank_model="off")
 
 CORPUS = {
     "handbook/leave.md": (
