@@ -804,7 +804,8 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     r = esub.add_parser("ranker", help="fit the learned order on golden sets (leave-one-corpus-out), or check "
                                        "the configured one on a set it was not fitted on")
     r.add_argument("--set", dest="sets", nargs=2, action="append", metavar=("DB", "GOLDEN"), required=True,
-                   help="a database and its golden set (repeat; the golden file's stem names the set)")
+                   help="a database and its golden set (repeat; named by the golden file's stem, or its folder "
+                        "for a golden.json)")
     r.add_argument("--depth", type=int, default=30, help="fused hits the model re-orders (default 30)")
     r.add_argument("--out", help="write the model fitted on every set as JSON (rag/ranker_default.json is the "
                                  "bundled one); point rank_model at it to use it")
