@@ -558,12 +558,20 @@ def keyword_coverage(text: str, idf: dict[str, float]) -> float:
     This is Lucene/Elasticsearch's ``minimum_should_match`` idea with IDF weights: a chunk that
     matches one common word of a six-word question is weak lexical evidence, however BM25 ranks it.
     """
+    return keyword_coverages([text], idf)[0]
+
+
+def keyword_coverages(texts: Sequence[str], idf: dict[str, float]) -> list[float]:
+    """``keyword_coverage`` of each of ``texts``, the keywords' word sequences built once."""
     total = sum(idf.values())
     if total <= 0:
-        return 0.0
-    padded = " " + " ".join(_WORD.findall(text)) + " "
-    held = sum(w for keyword, w in idf.items() if " " + " ".join(_WORD.findall(keyword)) + " " in padded)
-    return held / total
+        return [0.0] * len(texts)
+    needles = [(" " + " ".join(_WORD.findall(keyword)) + " ", w) for keyword, w in idf.items()]
+    covered = []
+    for text in texts:
+        padded = " " + " ".join(_WORD.findall(text)) + " "
+        covered.append(sum(w for needle, w in needles if needle in padded) / total)
+    return covered
 
 
 def query_idf(conn: store.Connection, keywords: Sequence[str]) -> dict[str, float]:
@@ -576,10 +584,78 @@ def query_idf(conn: store.Connection, keywords: Sequence[str]) -> dict[str, floa
 
 
 def term_docs(conn: store.Connection, terms: Sequence[str]) -> dict[str, int]:
-    """How many chunks of the database hold each folded term (absent: none); fts5vocab on SQLite."""
+    """How many chunks of the database hold each folded term (absent: none); fts5vocab on SQLite,
+    remembered while the database's chunks are unchanged (``TermDocsCache``)."""
     if store.is_postgres(conn):
         return _pg().term_docs(conn, terms)
+    return SHARED_TERM_DOCS.term_docs(conn, terms)
+
+
+def read_term_docs(conn: store.Connection, terms: Sequence[str]) -> dict[str, int]:
+    """``term_docs`` read from fts5vocab (its 'row' table counts each term's documents)."""
+    if not terms:
+        return {}
     return {r[0]: int(r[1]) for r in conn.execute(TERM_DOCS_SQL, {"terms": json.dumps(list(terms))})}
+
+
+# What the document frequencies depend on: the database file's random id and the sum of every
+# collection's vector version. Each chunk is written and deleted with its vector, whose triggers bump
+# that version, and a version row is never deleted, so the sum grows with every change of any chunk.
+TERM_DOCS_STATE_SQL = """
+SELECT (SELECT value FROM meta WHERE key = 'vector_index_id'),
+       (SELECT coalesce(sum(version), 0) FROM vector_versions)
+"""
+TERM_DOCS_ENTRIES = 20_000  # terms remembered per database
+
+
+class TermDocsCache:
+    """fts5vocab document frequencies, remembered per database until its chunks change.
+
+    A term's count costs a walk of its whole posting list (~0.5 ms for a common word at 100k
+    chunks) and one search asks for the question's words up to three times (the spelling check,
+    the keyword branch's IDF, the learned order), so the counts are kept in memory, least recently
+    used dropped first, and dropped wholesale when the chunks change (``TERM_DOCS_STATE_SQL``, read
+    on every call: another process's ingest is seen on the next search). An in-memory database is
+    never cached. Thread-safe.
+    """
+
+    def __init__(self, entries: int = TERM_DOCS_ENTRIES) -> None:
+        self.entries = entries
+        self._state: dict[str, tuple[Any, ...]] = {}  # database file -> state of its counts below
+        self._counts: dict[str, OrderedDict[str, int]] = {}  # database file -> term -> docs (0: none)
+        self._lock = threading.Lock()
+
+    def term_docs(self, conn: store.Connection, terms: Sequence[str]) -> dict[str, int]:
+        database = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+        if not database:
+            return read_term_docs(conn, terms)
+        state = tuple(conn.execute(TERM_DOCS_STATE_SQL).fetchone())
+        with self._lock:
+            if self._state.get(database) != state:
+                self._state[database] = state
+                self._counts[database] = OrderedDict()
+            counts = self._counts[database]
+            missing = [t for t in dict.fromkeys(terms) if t not in counts]
+        found = read_term_docs(conn, missing)
+        with self._lock:
+            if self._state.get(database) == state:
+                for term in missing:
+                    counts[term] = found.get(term, 0)
+                for term in terms:
+                    if term in counts:
+                        counts.move_to_end(term)
+                while len(counts) > self.entries:
+                    counts.popitem(last=False)
+            known = {t: counts.get(t, found.get(t, 0)) for t in terms}
+        return {t: n for t, n in known.items() if n > 0}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._state.clear()
+            self._counts.clear()
+
+
+SHARED_TERM_DOCS = TermDocsCache()
 
 
 def question_spelling(
@@ -609,18 +685,27 @@ def mend_spelling(
     return spelling.mend_question(text, functools.partial(term_docs, conn), visible)
 
 
-def rank_features(conn: store.Connection, text: str, hits: Sequence[Hit]) -> np.ndarray:
+def rank_features(
+    conn: store.Connection, text: str, hits: Sequence[Hit], idf: dict[str, float] | None = None
+) -> np.ndarray:
     """``rag.ranker.rank_features`` of a fused list for ``text``: the keyword coverages come from the
-    question's IDF weights (``query_idf``), of each hit's content and of its title and section path."""
+    question's IDF weights (``query_idf``; pass ``idf`` when the search already read it), of each
+    hit's content and of its title and section path."""
     if not hits:
         return ranker.rank_features([], [], [])
-    idf = query_idf(conn, keywords(text))
+    idf = query_idf(conn, keywords(text)) if idf is None else idf
     ids = [h.chunk_id for h in hits]  # fold(content) as stored: folding 30 passages again costs ~3 ms
     bodies = (_pg().folded_bodies(conn, ids) if store.is_postgres(conn) else
               {int(r[0]): r[1] for r in conn.execute(FOLDED_BODY_SQL, {"ids": json.dumps(ids)})})
-    coverage = [keyword_coverage(bodies[h.chunk_id] if h.chunk_id in bodies else fold(h.content), idf) for h in hits]
-    heading = [keyword_coverage(fold(f"{h.title} {h.section}"), idf) for h in hits]
+    coverage = keyword_coverages([bodies[h.chunk_id] if h.chunk_id in bodies else fold(h.content) for h in hits], idf)
+    heading = keyword_coverages([_folded_heading(h.title, h.section) for h in hits], idf)
     return ranker.rank_features(hits, coverage, heading)
+
+
+@functools.lru_cache(maxsize=4096)
+def _folded_heading(title: str, section: str) -> str:
+    """fold(title + section path): the hits of one question share a few documents, and so do questions."""
+    return fold(f"{title} {section}")
 
 
 def necessary_keywords(idf: dict[str, float], min_coverage: float) -> list[str]:
@@ -656,7 +741,8 @@ def covered_fts_hits(
     idf = query_idf(conn, keywords) if idf is None else idf
     texts = (_pg().fts_texts(conn, [c for c, _ in sparse]) if store.is_postgres(conn) else
              {int(r[0]): r[1] for r in conn.execute(FTS_TEXT_SQL, {"ids": json.dumps([c for c, _ in sparse])})})
-    coverage = {cid: keyword_coverage(texts.get(cid, ""), idf) for cid, _ in sparse}
+    coverage = dict(zip((cid for cid, _ in sparse), keyword_coverages([texts.get(cid, "") for cid, _ in sparse], idf),
+                        strict=True))
     if floor_to_best:  # no hit reaches the bar: the best-covered ones still vote
         min_coverage = min(min_coverage, max(coverage.values()))
     return [(cid, score) for cid, score in sparse if coverage[cid] >= min_coverage]
@@ -984,7 +1070,7 @@ def search(
     wording = functools.partial(_search_wording, conn, coll=coll, access_keys=access_keys, embedder=embedder,
                                 settings=settings, stage="hybrid" if stage == "rerank" else stage,
                                 hamming_cache=hamming_cache)
-    hits, target, vector = wording(text, wanted=wanted)
+    hits, target, vector, idf = wording(text, wanted=wanted)
     translated = None
     if target is not None and translator is not None and settings.translate_questions:
         translated = translator.translate(text, target)
@@ -997,7 +1083,8 @@ def search(
         hits = fuse_wordings(first, other, settings.rrf_k, own)[:wanted]
     if rank_model is not None:
         depth = rank_model.depth
-        hits = ranker.learned_order(hits[:depth], rank_features(conn, text, hits[:depth]), rank_model) + hits[depth:]
+        features = rank_features(conn, text, hits[:depth], idf)
+        hits = ranker.learned_order(hits[:depth], features, rank_model) + hits[depth:]
     if stage != "rerank":
         return hits[:k]
     return rerank_hits(text, hits, settings=settings, reranker=reranker, k=k)
@@ -1006,9 +1093,10 @@ def search(
 def _search_wording(
     conn: store.Connection, text: str, *, coll: Collection, access_keys: Sequence[int], embedder: Embedder,
     settings: Settings, stage: str, wanted: int, hamming_cache: HammingCache | None,
-) -> tuple[list[Hit], str | None, np.ndarray]:
+) -> tuple[list[Hit], str | None, np.ndarray, dict[str, float] | None]:
     """One wording's first ``wanted`` hits (the body of ``search``), the language it should be
-    searched in too (``translation_target``; None for the fts stage) and its query vector."""
+    searched in too (``translation_target``; None for the fts stage), its query vector and its
+    keywords' IDF weights (None when the keyword branch did not need them)."""
     per_branch = max(settings.candidates, wanted)
     embedded = text
     asked = query_language(text)
@@ -1021,6 +1109,7 @@ def _search_wording(
     dense: list[tuple[int, float]] = []
     sparse: list[tuple[int, float]] = []
     windows: dict[int, float] = {}
+    idf: dict[str, float] | None = None
     if stage != "fts":
         dense = search_vectors(
             conn, vector, collection_id=coll.id, dimension=coll.dimension, access_keys=access_keys,
@@ -1098,7 +1187,7 @@ def _search_wording(
         for cid in ordered
         if cid in rows
     ]
-    return hits, target, vector
+    return hits, target, vector, idf
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1199,6 +1199,33 @@ def test_a_correction_comes_only_from_words_the_reader_may_see(corpus: store.Con
     assert retrieval.term_docs(corpus, ["salary", "vacation", "nowhere"]) == {"salary": 1, "vacation": 3}
 
 
+@SQLITE_ONLY
+def test_term_counts_are_remembered_until_any_chunk_changes(
+    corpus: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rag.ingest import delete_documents
+
+    reads: list[list[str]] = []
+    read = retrieval.read_term_docs
+    monkeypatch.setattr(retrieval, "read_term_docs", lambda conn, terms: reads.append(list(terms)) or read(conn, terms))
+    cache = retrieval.TermDocsCache()
+    assert cache.term_docs(corpus, ["vacation", "nowhere"]) == {"vacation": 3}
+    assert cache.term_docs(corpus, ["nowhere", "vacation", "gpg"]) == {"vacation": 3, "gpg": 1}
+    assert reads == [["vacation", "nowhere"], ["gpg"]]  # a word found in no chunk is remembered too
+    other = store.open_db(settings.db_path)  # another connection (another process) adds a document
+    try:
+        write_corpus(tmp_path / "docs", {"handbook/extra.md": "---\ntitle: Extra\n---\n## More\n\nMore vacation.\n"})
+        assert not ingest(other, [tmp_path / "docs"], settings=settings, embedder=fake_embedder).failed
+        assert cache.term_docs(corpus, ["vacation", "nowhere"]) == {"vacation": 4}
+        extra = other.execute("SELECT id FROM documents WHERE source LIKE '%extra.md'").fetchone()[0]
+        delete_documents(other, [extra])
+    finally:
+        other.close()
+    assert cache.term_docs(corpus, ["vacation"]) == {"vacation": 3}
+    assert reads[2:] == [["vacation", "nowhere"], ["vacation"]]
+
+
 def test_the_coverage_bar_drops_to_the_best_hit_only_when_asked(corpus: store.Connection, settings: Settings) -> None:
     coll = store.require_collection(corpus, settings.collection)
     keys = store.visible_access_keys(corpus, ["all"])
