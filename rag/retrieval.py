@@ -450,6 +450,11 @@ def read_hamming_codes(conn: store.Connection, collection_id: int, access_keys: 
     return HammingCodes(np.asarray(ids, dtype=np.int64), words)
 
 
+def database_file(conn: store.Connection) -> str:
+    """The file of the connection's main database ("" for an in-memory one): what the caches key on."""
+    return next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+
+
 class HammingCache:
     """The in-memory 1-bit codes of the "hamming" dense path, least recently used dropped first.
 
@@ -469,7 +474,7 @@ class HammingCache:
 
     def codes(self, conn: store.Connection, collection_id: int, access_keys: Sequence[int]) -> HammingCodes:
         """``read_hamming_codes``, from memory while the collection's vectors are unchanged."""
-        database = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+        database = database_file(conn)
         if not database:
             return read_hamming_codes(conn, collection_id, access_keys)
         instance, version = conn.execute(HAMMING_STATE_SQL, {"collection": collection_id}).fetchone()
@@ -626,7 +631,7 @@ class TermDocsCache:
         self._lock = threading.Lock()
 
     def term_docs(self, conn: store.Connection, terms: Sequence[str]) -> dict[str, int]:
-        database = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+        database = database_file(conn)
         if not database:
             return read_term_docs(conn, terms)
         state = tuple(conn.execute(TERM_DOCS_STATE_SQL).fetchone())
