@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Iterator, Sequence
@@ -14,11 +15,14 @@ from rag.llm import (
     GEMMA_STOP,
     GEMMA_TURNS,
     PREFILL_BLOCK,
+    PREFIX_BLOCK,
+    PREFIX_SPAN,
     LanguageModel,
     LlamaCppModel,
     TurnFormat,
     format_chat,
     load_language_model,
+    prefill_blocks,
 )
 
 from .fakes import FailingLLM, FakeLLM
@@ -174,25 +178,45 @@ def test_calling_the_model_from_inside_its_own_stream_is_an_error_not_a_deadlock
     assert model.tokenize("x") == [10]
 
 
+def test_prefill_blocks_are_fine_over_the_prefix_span_then_coarse() -> None:
+    fine = [(i, i + PREFIX_BLOCK) for i in range(0, PREFIX_SPAN, PREFIX_BLOCK)]
+    assert prefill_blocks(1) == [] and prefill_blocks(PREFIX_BLOCK) == []
+    assert prefill_blocks(PREFIX_BLOCK + 1) == [(0, PREFIX_BLOCK)]
+    assert prefill_blocks(PREFIX_SPAN + PREFILL_BLOCK) == fine  # a whole block needs one token after it
+    assert prefill_blocks(PREFIX_SPAN + PREFILL_BLOCK + 1) == [*fine, (PREFIX_SPAN, PREFIX_SPAN + PREFILL_BLOCK)]
+    for length in range(1, 700):
+        blocks = prefill_blocks(length)
+        end = blocks[-1][1] if blocks else 0
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks)) and (not blocks or blocks[0][0] == 0)
+        assert 1 <= length - end <= (PREFIX_BLOCK if end < PREFIX_SPAN else PREFILL_BLOCK)
+        assert blocks == prefill_blocks(length + 1)[: len(blocks)]  # a longer prompt: the same cuts
+
+
 def test_prompts_are_evaluated_in_the_same_aligned_blocks_whatever_the_cache_holds(
     stub: tuple[StubLlama, LlamaCppModel],
 ) -> None:
     llama, model = stub
-    block = PREFILL_BLOCK
-    prompt = list(range(100, 100 + 3 * block + 5))  # 3 whole blocks, then 5 tokens for create_completion
+    prompt = list(range(100, 100 + PREFIX_SPAN + 2 * PREFILL_BLOCK + 5))  # 2 coarse blocks after the fine ones
+    every = [(start, end - start) for start, end in prefill_blocks(len(prompt))]
+    assert len(every) == PREFIX_SPAN // PREFIX_BLOCK + 2
     list(model.stream(prompt, max_tokens=3, stop=[]))
-    assert llama.evals == [(0, block), (block, block), (2 * block, block)] and llama.n_tokens == 3 * block
+    assert llama.evals == every and llama.n_tokens == PREFIX_SPAN + 2 * PREFILL_BLOCK
     llama.evals.clear()
     list(model.stream(prompt, max_tokens=3, stop=[]))  # the same prompt: every block reused
-    assert llama.evals == [] and llama.n_tokens == 3 * block
-    changed = [*prompt[: 2 * block + 3], 7, *prompt[2 * block + 4 :]]  # differs inside the third block
+    assert llama.evals == [] and llama.n_tokens == PREFIX_SPAN + 2 * PREFILL_BLOCK
+    last = PREFIX_SPAN + PREFILL_BLOCK
+    changed = [*prompt[: last + 3], 7, *prompt[last + 4 :]]  # differs inside the last block
     list(model.stream(changed, max_tokens=3, stop=[]))
-    assert llama.evals == [(2 * block, block)]  # the first two blocks reused, the third evaluated again
+    assert llama.evals == [(last, PREFILL_BLOCK)]  # every block before it reused
+    llama.evals.clear()
+    at = 3 * PREFIX_BLOCK + 5  # differs inside the fourth fine block: kept up to it
+    list(model.stream([*prompt[:at], 7, *prompt[at + 1 :]], max_tokens=3, stop=[]))
+    assert llama.evals == every[3:]
     llama.evals.clear()
     list(model.stream([1, *prompt], max_tokens=3, stop=[]))  # differs at once: evaluated from an empty cache
-    assert llama.evals == [(0, block), (block, block), (2 * block, block)]
+    assert llama.evals == [(start, end - start) for start, end in prefill_blocks(len(prompt) + 1)]
     llama.evals.clear()
-    list(model.stream(prompt[:block], max_tokens=3, stop=[]))  # one block or less: no block evaluated here
+    list(model.stream(prompt[:PREFIX_BLOCK], max_tokens=3, stop=[]))  # one block or less: none evaluated here
     assert llama.evals == [] and llama.n_tokens == 0
 
 
