@@ -261,21 +261,9 @@ def prepare_model(asset: ModelAsset, root: Path | None = None, *, progress: bool
 
 
 def _quantize_gguf(source: Path, target: Path, file_type: int) -> None:
-    """llama.cpp's own quantizer (``llama_model_quantize``), from one GGUF file to another."""
-    import ctypes
-    import logging
+    from rag.llm import quantize_gguf  # lazy: llama_cpp loads only when a model is prepared
 
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as rag.llm sets it before llama_cpp loads
-    import llama_cpp  # lazy: the native library loads only when a model is prepared
-
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # not a line per tensor
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = file_type
-    params.allow_requantize = True  # the shipped file is already quantized (Q4_K_M)
-    params.nthread = os.cpu_count() or 1
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) != 0:
-        raise RuntimeError(f"llama_model_quantize failed on {source}")
+    quantize_gguf(source, target, file_type)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -469,6 +469,28 @@ def load_language_model(path: str = "", n_ctx: int = 4096, threads: int = 0, see
     return LlamaCppModel(llama)
 
 
+def quantize_gguf(source: Path, target: Path, file_type: int) -> None:
+    """Requantize one GGUF file into another with llama.cpp's own quantizer (``llama_model_quantize``)
+    to ``file_type`` (``llama_cpp.LLAMA_FTYPE_MOSTLY_*``); ``rag.assets.prepare_model`` calls it.
+
+    Raises:
+        RuntimeError: llama.cpp reports a failure.
+    """
+    import ctypes
+    import logging
+
+    _passive_openmp()
+    import llama_cpp  # lazy: loads the native library
+
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # not a line per tensor
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = file_type
+    params.allow_requantize = True  # the shipped file is already quantized (Q4_K_M)
+    params.nthread = os.cpu_count() or 1
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama_model_quantize failed on {source}")
+
+
 __all__ = [
     "GEMMA_STOP",
     "GEMMA_TURNS",
@@ -485,4 +507,5 @@ __all__ = [
     "format_chat",
     "load_language_model",
     "prefill_blocks",
+    "quantize_gguf",
 ]
