@@ -232,12 +232,9 @@ def prepare_model(asset: ModelAsset, root: Path | None = None, *, progress: bool
         return source
     target = quantized_path(asset, root)
     origin = f"{asset.sha256} as {asset.quantize}"  # what the stamp vouches for
-    try:
-        stamp = json.loads(_stamp_path(target).read_text(encoding="utf-8"))
-        if stamp == _stamp_of(target, origin):
+    with contextlib.suppress(OSError):  # no copy yet
+        if _stamp_matches(target, origin):
             return target
-    except (OSError, ValueError):
-        pass
     try:
         _remove_stale_partials(target)
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX)
@@ -309,6 +306,19 @@ def _write_stamp(target: Path, sha256: str) -> None:
             Path(name).unlink(missing_ok=True)
 
 
+def _stamp_matches(target: Path, sha256: str) -> bool:
+    """Whether ``target``'s sidecar stamp vouches for it as it is now (size, mtime) and for ``sha256``.
+
+    Raises:
+        OSError: ``target`` itself cannot be read (a missing or unreadable stamp is just False).
+    """
+    try:
+        stamp = json.loads(_stamp_path(target).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(stamp == _stamp_of(target, sha256))
+
+
 def _already_assembled(asset: ModelAsset, target: Path, progress: bool) -> bool:
     try:
         size = target.stat().st_size
@@ -316,11 +326,7 @@ def _already_assembled(asset: ModelAsset, target: Path, progress: bool) -> bool:
         return False
     if size != asset.size:
         return False
-    try:
-        stamp = json.loads(_stamp_path(target).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        stamp = None
-    if stamp == _stamp_of(target, asset.sha256):
+    if _stamp_matches(target, asset.sha256):
         return True
     if _hash_file(target, f"verifying {asset.file_name}", progress) != asset.sha256:
         return False  # re-assembled over it, atomically
