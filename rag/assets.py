@@ -223,18 +223,20 @@ def prepare_model(asset: ModelAsset, root: Path | None = None, *, progress: bool
 
     The copy is trusted while its sidecar stamp matches its size and mtime and names the verified
     source's SHA-256 and the type; it is written under a temporary name and renamed when complete.
+    The assembled file was only the quantizer's input and is removed once the copy is stamped (the
+    part packages stay installed, so ``assemble_model`` can rebuild it): it would keep another
+    ~0.5 GB of the same model on a laptop's disk.
 
     Raises:
         ModelLoadError: as ``assemble_model``; or llama.cpp cannot requantize the file.
     """
-    source = assemble_model(asset, root, progress=progress)
     if not asset.quantize:
-        return source
+        return assemble_model(asset, root, progress=progress)
     target = quantized_path(asset, root)
     origin = f"{asset.sha256} as {asset.quantize}"  # what the stamp vouches for
-    with contextlib.suppress(OSError):  # no copy yet
-        if _stamp_matches(target, origin):
-            return target
+    if _copy_is_stamped(target, origin):
+        return target
+    source = assemble_model(asset, root, progress=progress)
     try:
         _remove_stale_partials(target)
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX)
@@ -251,10 +253,22 @@ def prepare_model(asset: ModelAsset, root: Path | None = None, *, progress: bool
     except BaseException as e:  # no half file under the final name
         partial.unlink(missing_ok=True)
         if isinstance(e, OSError | RuntimeError):
+            if _copy_is_stamped(target, origin):  # another process finished first (and removed the source)
+                return target
             raise ModelLoadError(f"cannot requantize {asset.name} to {asset.quantize}: {e}") from e
         raise
     _write_stamp(target, origin)
+    if _copy_is_stamped(target, origin):  # unstamped, the next run would need the source again
+        for done in (source, _stamp_path(source)):
+            with contextlib.suppress(OSError):  # a file left behind costs disk, not correctness
+                done.unlink()
     return target
+
+
+def _copy_is_stamped(target: Path, origin: str) -> bool:
+    with contextlib.suppress(OSError):  # no copy (yet)
+        return _stamp_matches(target, origin)
+    return False
 
 
 def _quantize_gguf(source: Path, target: Path, file_type: int) -> None:

@@ -260,8 +260,10 @@ def test_requantized_once_beside_the_assembled_file_then_trusted(
     assert path == data_dir / "models" / "fake-1b.q4_0.gguf" == quantized_path(asset)
     assert path.read_bytes() == JOINED[::-1]
     assert quantize_calls == [(data_dir / "models" / "fake-1b.gguf", assets.QUANT_FILE_TYPES["q4_0"])]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake-1b.q4_0.gguf", "fake-1b.q4_0.gguf.verified.json"]
     assert prepare_model(asset, progress=False) == path
-    assert len(quantize_calls) == 1  # the stamp vouches for the copy
+    assert len(quantize_calls) == 1  # the stamp vouches for the copy: nothing re-assembled either
+    assert not (data_dir / "models" / "fake-1b.gguf").exists()
     assert leftovers(path.parent) == []
 
 
@@ -292,6 +294,23 @@ def test_a_failed_requantization_is_a_model_error_and_leaves_no_file(
     assert not quantized_path(asset).exists()
     assert leftovers(data_dir / "models") == []
     assert assemble_model(asset, progress=False).read_bytes() == JOINED  # the verified source stays
+
+
+def test_a_copy_another_process_finished_is_used_when_ours_fails(
+    fake_asset: ModelAsset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asset = dataclasses.replace(fake_asset, quantize="q4_0")
+    target = quantized_path(asset)
+
+    def raced(source: Path, partial: Path, file_type: int) -> None:
+        # the other process wrote and stamped the copy, and removed the source under our feet
+        target.write_bytes(JOINED[::-1])
+        assets._write_stamp(target, f"{asset.sha256} as q4_0")
+        raise RuntimeError("cannot open the source")
+
+    monkeypatch.setattr(assets, "_quantize_gguf", raced)
+    assert prepare_model(asset, progress=False) == target
+    assert target.read_bytes() == JOINED[::-1]
 
 
 def test_numbered_parts_follow_the_pypi_layout() -> None:
@@ -348,11 +367,15 @@ def test_real_qwen_05b_assembles_to_the_pinned_hash(qwen_05b_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_real_qwen_05b_requantizes_to_q4_0_and_answers(qwen_05b_path: Path) -> None:
+def test_real_qwen_05b_requantizes_to_q4_0_and_answers(qwen_05b_path: Path, tmp_path: Path) -> None:
     from llama_cpp import Llama
 
-    path = prepare_model(QWEN_CODER_05B, qwen_05b_path.parent, progress=False)
+    # hard links: prepare_model removes the assembled file the other real-model tests load
+    for name in (qwen_05b_path.name, qwen_05b_path.name + assets.STAMP_SUFFIX):
+        os.link(qwen_05b_path.with_name(name), tmp_path / name)
+    path = prepare_model(QWEN_CODER_05B, tmp_path, progress=False)
     assert path.name == "qwen2.5-coder-0.5b-instruct-q4_k_m.q4_0.gguf"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + assets.STAMP_SUFFIX]
     assert 0.95 * QWEN_CODER_05B.size > path.stat().st_size > 0.5 * QWEN_CODER_05B.size  # 429 of 491 MB
     llm = Llama(model_path=str(path), n_ctx=512, verbose=False, n_threads=2, seed=1337)
     try:
