@@ -16,6 +16,7 @@ into their own caches, and this machine has no network; the parts are installed 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import hashlib
 import importlib.util
@@ -233,7 +234,7 @@ def prepare_model(asset: ModelAsset, root: Path | None = None, *, progress: bool
     if not asset.quantize:
         return assemble_model(asset, root, progress=progress)
     target = quantized_path(asset, root)
-    origin = f"{asset.sha256} as {asset.quantize}"  # what the stamp vouches for
+    origin = _copy_origin(asset)
     if _copy_is_stamped(target, origin):
         return target
     source = assemble_model(asset, root, progress=progress)
@@ -263,6 +264,105 @@ def prepare_model(asset: ModelAsset, root: Path | None = None, *, progress: bool
             with contextlib.suppress(OSError):  # a file left behind costs disk, not correctness
                 done.unlink()
     return target
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    """One entry of the models directory, what it is for, and whether ``prune_models`` deletes it."""
+
+    path: Path
+    size: int  # bytes, its sidecar stamp included; a directory's files summed
+    role: str  # shown to users
+    removable: bool
+
+
+def stored_files(
+    root: Path | None = None, keep: Sequence[Path] = (), known: Sequence[ModelAsset] = MODEL_ASSETS
+) -> list[StoredFile]:
+    """What ``<data dir>/models`` (or ``root``) holds, by name; stamps are counted with their file.
+
+    Removable: the assembled file of an asset loaded as a requantized copy once that copy is stamped
+    (installs from before ``prepare_model`` removed it keep ~0.5 GB for nothing; the installed parts
+    rebuild it), a temporary file of a killed assembly, and a stamp whose file is gone, unless it is
+    in ``keep`` (e.g. the file the settings' ``llm_path`` names). Anything else (the files loaded,
+    embedding exports, a user's own files) is listed and never removed.
+    """
+    directory = models_dir(root)
+    if not directory.is_dir():
+        return []
+    roles: dict[str, tuple[str, bool]] = {}
+    for asset in known:
+        source = asset_path(asset, root)
+        if not asset.quantize:
+            roles[source.name] = (f"{asset.name}: the file the app loads", False)
+            continue
+        copy = quantized_path(asset, root)
+        made = _copy_is_stamped(copy, _copy_origin(asset))
+        roles[copy.name] = (f"{asset.name} as {asset.quantize}: the file the app loads", False)
+        roles[source.name] = (
+            (f"input of the {asset.quantize} copy, which is made: not loaded (the installed parts rebuild it)", True)
+            if made else (f"input of the {asset.quantize} copy (made at first use)", False)
+        )
+    now = time.time()
+    kept = {path.resolve() for path in keep}
+    found = []
+    for path in sorted(directory.iterdir()):
+        with contextlib.suppress(FileNotFoundError):  # removed while we looked (a finished assembly)
+            entry = _describe(path, roles, now)
+            if entry is not None and entry.removable and path.resolve() in kept:
+                entry = dataclasses.replace(entry, role=f"{entry.role}; kept: a setting names it", removable=False)
+            if entry is not None:
+                found.append(entry)
+    return found
+
+
+def _describe(path: Path, roles: dict[str, tuple[str, bool]], now: float) -> StoredFile | None:
+    name = path.name
+    if name.endswith(STAMP_SUFFIX):
+        if path.with_name(name.removesuffix(STAMP_SUFFIX)).exists():
+            return None  # counted with its file
+        return StoredFile(path, _size(path), "stamp of a file that is gone", True)
+    if name.endswith(PARTIAL_SUFFIX):
+        stale = now - path.stat().st_mtime > STALE_PARTIAL_SECONDS
+        return StoredFile(path, _size(path), "left by an interrupted assembly" if stale else "being written", stale)
+    if path.is_dir():
+        role, removable = "an embedder's int8 ONNX export (rebuilt on first use)", False
+    else:
+        role, removable = roles.get(name, ("not a bundled model's file", False))
+    stamp = _stamp_path(path)
+    return StoredFile(path, _size(path) + (_size(stamp) if stamp.exists() else 0), role, removable)
+
+
+def prune_models(
+    root: Path | None = None, keep: Sequence[Path] = (), known: Sequence[ModelAsset] = MODEL_ASSETS
+) -> list[StoredFile]:
+    """Delete the removable entries of ``stored_files(root, keep, known)``; return what was deleted.
+
+    Raises:
+        ModelLoadError: a file cannot be deleted (the ones before it are gone, the rest stay).
+    """
+    removed = []
+    for entry in stored_files(root, keep, known):
+        if not entry.removable:
+            continue
+        try:
+            entry.path.unlink(missing_ok=True)
+            _stamp_path(entry.path).unlink(missing_ok=True)
+        except OSError as e:
+            raise ModelLoadError(f"cannot delete {entry.path}: {e}") from e
+        removed.append(entry)
+    return removed
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size
+
+
+def _copy_origin(asset: ModelAsset) -> str:
+    """What the stamp of the requantized copy vouches for: the verified source and the type."""
+    return f"{asset.sha256} as {asset.quantize}"
 
 
 def _copy_is_stamped(target: Path, origin: str) -> bool:

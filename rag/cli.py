@@ -1372,6 +1372,56 @@ def _add_serve_parser(sub: Any, handlers: dict[str, Handler]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# models: `rag models [--json]`, `rag models prune [--dry-run]`
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:,.0f} MB"
+
+
+def cmd_models(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import assets
+
+    llm_path = Path(resources.settings.llm_path).expanduser()
+    keep = [llm_path] if resources.settings.llm_path and llm_path.is_file() else []
+    if args.models_action == "prune":
+        if args.dry_run:
+            chosen = [entry for entry in assets.stored_files(keep=keep) if entry.removable]
+        else:
+            chosen = assets.prune_models(keep=keep)
+        verb = "would delete" if args.dry_run else "deleted"
+        for entry in chosen:
+            print(f"{verb} {entry.path.name} ({_megabytes(entry.size)}): {entry.role}")
+        print(f"{verb} {len(chosen)} file(s), {_megabytes(sum(e.size for e in chosen))}, in {assets.models_dir()}")
+        return 0
+    entries = assets.stored_files(keep=keep)
+    if args.json:
+        print_json(entries)
+        return 0
+    print(f"{assets.models_dir()}:")
+    if not entries:
+        print("  empty: models are assembled or exported here on first use")
+    for entry in entries:
+        print(f"  {_megabytes(entry.size):>9}  {entry.path.name}  {entry.role}")
+    removable = sum(entry.size for entry in entries if entry.removable)
+    prune = f"; `rag models prune` frees {_megabytes(removable)}" if removable else ""
+    print(f"  {_megabytes(sum(entry.size for entry in entries)):>9}  in all{prune}")
+    return 0
+
+
+def _add_models_parser(sub: Any, handlers: dict[str, Handler]) -> None:
+    p = sub.add_parser("models", help="what the models directory holds (<data dir>/models), and prune the files "
+                       "nothing loads")
+    p.add_argument("--json", action="store_true", help="print the entries as JSON")
+    p.set_defaults(models_action="list")
+    msub = p.add_subparsers(dest="models_action")
+    c = msub.add_parser("prune", help="delete what nothing loads: the assembled Q4_K_M 0.5B once its Q4_0 copy is "
+                        "made, files of interrupted assemblies, stamps of deleted files")
+    c.add_argument("--dry-run", action="store_true", help="only print what would be deleted")
+    handlers["models"] = cmd_models
+
+
+# ---------------------------------------------------------------------------------------------
 # bench: `rag bench [--json OUT] [--quick] [--sizes 1000,10000,100000]`
 
 
@@ -1506,6 +1556,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     _add_bench_parser(sub, handlers)
     _add_users_parser(sub, handlers)
     _add_serve_parser(sub, handlers)
+    _add_models_parser(sub, handlers)
 
     return parser, handlers
 

