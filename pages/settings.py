@@ -1,5 +1,6 @@
 """Settings: the models, how follow-up questions are read, and the refusal threshold — saved to
-``rag.toml`` in the data directory (``rag.config.write_settings`` validates before it writes).
+``rag.toml`` in the data directory (``rag.config.write_settings`` validates before it writes) —
+and the model files on disk, with a button that deletes what nothing loads (``rag models prune``).
 
 The threshold in force for a collection is its own calibrated one when it has one (stamped for
 its embedding model, or set from an evaluation run); the file's ``max_distance`` serves the
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from rag import config, gate, history, ui
+from rag import assets, config, gate, history, ui
 from rag.errors import RagError
 
 with ui.frame("manage_settings") as view:
@@ -101,3 +102,21 @@ with ui.frame("manage_settings") as view:
             except RagError as e:
                 ui.flash("error", str(e))
             st.rerun()
+
+    st.subheader("Model files")
+    keep = assets.files_named_by(settings.llm_path, settings.answer_examiner)
+    entries = assets.stored_files(keep=keep)
+    total = assets.megabytes(sum(entry.size for entry in entries))
+    st.caption(f"`{assets.models_dir()}` holds {total}: models are assembled or exported there on first use.")
+    if entries:
+        st.dataframe(ui.model_files_frame(entries), hide_index=True)
+    removable = sum(entry.size for entry in entries if entry.removable)
+    if removable and st.button(f"Delete the files nothing loads ({assets.megabytes(removable)})"):
+        try:
+            view.require("manage_settings")
+            removed = assets.prune_models(keep=keep)
+            view.audit("models_prune", {"files": [entry.path.name for entry in removed]})
+            ui.flash("success", f"Deleted {len(removed)} file(s), {assets.megabytes(sum(e.size for e in removed))}.")
+        except RagError as e:
+            ui.flash("error", str(e))
+        st.rerun()

@@ -333,6 +333,16 @@ def _describe(path: Path, roles: dict[str, tuple[str, bool]], now: float) -> Sto
     return StoredFile(path, _size(path) + (_size(stamp) if stamp.exists() else 0), role, removable)
 
 
+def megabytes(size: int) -> str:
+    """``size`` bytes as shown to users, e.g. "491 MB"."""
+    return f"{size / 1e6:,.0f} MB"
+
+
+def files_named_by(*values: str) -> list[Path]:
+    """The existing files among settings ``values`` (``llm_path``, ``answer_examiner``): a prune keeps them."""
+    return [Path(value).expanduser() for value in values if value and Path(value).expanduser().is_file()]
+
+
 def prune_models(
     root: Path | None = None, keep: Sequence[Path] = (), known: Sequence[ModelAsset] = MODEL_ASSETS
 ) -> list[StoredFile]:

@@ -1375,15 +1375,10 @@ def _add_serve_parser(sub: Any, handlers: dict[str, Handler]) -> None:
 # models: `rag models [--json]`, `rag models prune [--dry-run]`
 
 
-def _megabytes(size: int) -> str:
-    return f"{size / 1e6:,.0f} MB"
-
-
 def cmd_models(args: argparse.Namespace, resources: Resources) -> int:
     from rag import assets
 
-    llm_path = Path(resources.settings.llm_path).expanduser()
-    keep = [llm_path] if resources.settings.llm_path and llm_path.is_file() else []
+    keep = assets.files_named_by(resources.settings.llm_path, resources.settings.answer_examiner)
     if args.models_action == "prune":
         if args.dry_run:
             chosen = [entry for entry in assets.stored_files(keep=keep) if entry.removable]
@@ -1391,8 +1386,9 @@ def cmd_models(args: argparse.Namespace, resources: Resources) -> int:
             chosen = assets.prune_models(keep=keep)
         verb = "would delete" if args.dry_run else "deleted"
         for entry in chosen:
-            print(f"{verb} {entry.path.name} ({_megabytes(entry.size)}): {entry.role}")
-        print(f"{verb} {len(chosen)} file(s), {_megabytes(sum(e.size for e in chosen))}, in {assets.models_dir()}")
+            print(f"{verb} {entry.path.name} ({assets.megabytes(entry.size)}): {entry.role}")
+        freed = assets.megabytes(sum(entry.size for entry in chosen))
+        print(f"{verb} {len(chosen)} file(s), {freed}, in {assets.models_dir()}")
         return 0
     entries = assets.stored_files(keep=keep)
     if args.json:
@@ -1402,10 +1398,10 @@ def cmd_models(args: argparse.Namespace, resources: Resources) -> int:
     if not entries:
         print("  empty: models are assembled or exported here on first use")
     for entry in entries:
-        print(f"  {_megabytes(entry.size):>9}  {entry.path.name}  {entry.role}")
+        print(f"  {assets.megabytes(entry.size):>9}  {entry.path.name}  {entry.role}")
     removable = sum(entry.size for entry in entries if entry.removable)
-    prune = f"; `rag models prune` frees {_megabytes(removable)}" if removable else ""
-    print(f"  {_megabytes(sum(entry.size for entry in entries)):>9}  in all{prune}")
+    prune = f"; `rag models prune` frees {assets.megabytes(removable)}" if removable else ""
+    print(f"  {assets.megabytes(sum(entry.size for entry in entries)):>9}  in all{prune}")
     return 0
 
 

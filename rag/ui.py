@@ -29,6 +29,7 @@ import streamlit as st
 
 from rag import auth, registry, store, ui_auth
 from rag.access import Groups, groups_from_param, known_groups
+from rag.assets import StoredFile
 from rag.config import Settings, data_dir, load_settings
 from rag.conversation import latest_chat_id, new_chat_id
 from rag.embedding import Embedder
@@ -873,6 +874,12 @@ def timings_text(answer: Answer) -> str:
 
 def _duration(ms: float) -> str:
     return f"{ms:,.0f} ms" if ms < 1000 else f"{ms / 1000:,.1f} s"
+
+
+def model_files_frame(entries: Sequence[StoredFile]) -> pd.DataFrame:
+    """The models directory as the Settings page lists it (``rag models`` on the command line)."""
+    return pd.DataFrame([{"file": e.path.name, "MB": round(e.size / 1e6, 1), "what it is": e.role,
+                          "deleted by the button": e.removable} for e in entries])
 
 
 def hits_frame(answer: Answer) -> pd.DataFrame:

@@ -6,6 +6,7 @@ import hashlib
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -164,3 +165,17 @@ class FailingLLM(FakeLLM):
 
     def next_token_logprobs(self, prompt: str, candidates: Sequence[str]) -> dict[str, float]:
         pytest.fail("the language model was called although the gate should have refused")
+
+
+def old_install_models() -> tuple[Path, Path]:
+    """``<data dir>/models`` as an install from before the assembled 0.5B was removed leaves it: the
+    assembled file (2 MB of filler here) beside its stamped Q4_0 copy (1 MB). Returns (source, copy)."""
+    from rag import assets
+
+    asset = assets.QWEN_CODER_05B
+    source, copy = assets.asset_path(asset), assets.quantized_path(asset)
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_bytes(b"k" * 2_000_000)
+    copy.write_bytes(b"0" * 1_000_000)
+    assets._write_stamp(copy, assets._copy_origin(asset))
+    return source, copy

@@ -140,25 +140,23 @@ def test_search_says_how_it_mended_the_spelling_for_this_reader(
 def test_models_lists_the_directory_and_prunes_what_nothing_loads(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rag import assets
+    from rag.assets import QWEN_CODER_05B
+
+    from .fakes import old_install_models
 
     assert cli.main(["models"]) == 0
     assert "empty: models are assembled or exported here on first use" in capsys.readouterr().out
-    asset = assets.QWEN_CODER_05B  # an install from before the assembled file was removed: both files
-    source, copy = assets.asset_path(asset), assets.quantized_path(asset)
-    source.parent.mkdir(parents=True)
-    source.write_bytes(b"k" * 2_000_000)
-    copy.write_bytes(b"0" * 1_000_000)
-    assets._write_stamp(copy, f"{asset.sha256} as {asset.quantize}")
+    source, copy = old_install_models()
     assert cli.main(["models"]) == 0
     out = capsys.readouterr().out
-    assert f"{copy.name}  {asset.name} as q4_0: the file the app loads" in out
+    assert f"{copy.name}  {QWEN_CODER_05B.name} as q4_0: the file the app loads" in out
     assert "3 MB  in all; `rag models prune` frees 2 MB" in out
 
-    monkeypatch.setenv("RAG_LLM_PATH", str(source))  # a user pointed llm_path at it: kept
-    assert cli.main(["models", "prune"]) == 0
-    assert "deleted 0 file(s), 0 MB" in capsys.readouterr().out and source.exists()
-    monkeypatch.delenv("RAG_LLM_PATH")
+    for setting in ("RAG_LLM_PATH", "RAG_ANSWER_EXAMINER"):  # a user pointed a model setting at it: kept
+        monkeypatch.setenv(setting, str(source))
+        assert cli.main(["models", "prune"]) == 0
+        assert "deleted 0 file(s), 0 MB" in capsys.readouterr().out and source.exists()
+        monkeypatch.delenv(setting)
     assert cli.main(["models", "prune", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith(f"would delete {source.name} (2 MB): input of the q4_0 copy")
     assert source.exists()

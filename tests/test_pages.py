@@ -983,6 +983,23 @@ def test_settings_page_saves_a_validated_file(guide_db: Path, data_dir: Path) ->
     assert load_settings().llm_path == "gemma"  # nothing written
 
 
+def test_settings_page_lists_the_model_files_and_deletes_what_nothing_loads(guide_db: Path) -> None:
+    from .fakes import old_install_models
+
+    at = run_page("pages/settings.py")
+    assert "holds 0 MB" in texts(at) and not any(b.label.startswith("Delete the files") for b in at.button)
+    source, copy = old_install_models()
+    at.run()
+    table = at.dataframe[0].value
+    assert dict(zip(table["file"], table["deleted by the button"], strict=True)) == {source.name: True,
+                                                                                     copy.name: False}
+    next(b for b in at.button if b.label == "Delete the files nothing loads (2 MB)").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Deleted 1 file(s), 2 MB." in texts(at)
+    assert not source.exists() and copy.exists()
+    assert not any(b.label.startswith("Delete the files") for b in at.button)
+
+
 def test_settings_page_applies_the_last_runs_recommended_threshold(guide_db: Path) -> None:
     at = run_page("pages/settings.py")
     assert "No evaluation run of this collection yet" in texts(at)
