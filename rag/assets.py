@@ -300,7 +300,7 @@ def stored_files(
         made = _copy_is_stamped(copy, _copy_origin(asset))
         roles[copy.name] = (f"{asset.name} as {asset.quantize}: the file the app loads", False)
         roles[source.name] = (
-            (f"input of the {asset.quantize} copy, which is made: not loaded (the installed parts rebuild it)", True)
+            (f"input of the {asset.quantize} copy, already made: not loaded (the parts rebuild it)", True)
             if made else (f"input of the {asset.quantize} copy (made at first use)", False)
         )
     now = time.time()

@@ -878,8 +878,8 @@ def _duration(ms: float) -> str:
 
 def model_files_frame(entries: Sequence[StoredFile]) -> pd.DataFrame:
     """The models directory as the Settings page lists it (``rag models`` on the command line)."""
-    return pd.DataFrame([{"file": e.path.name, "MB": round(e.size / 1e6, 1), "what it is": e.role,
-                          "deleted by the button": e.removable} for e in entries])
+    return pd.DataFrame([{"file": e.path.name, "MB": round(e.size / 1e6, 1), "deleted by the button": e.removable,
+                          "what it is": e.role} for e in entries])
 
 
 def hits_frame(answer: Answer) -> pd.DataFrame:
