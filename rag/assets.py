@@ -309,10 +309,11 @@ def stored_files(
     for path in sorted(directory.iterdir()):
         with contextlib.suppress(FileNotFoundError):  # removed while we looked (a finished assembly)
             entry = _describe(path, roles, now)
-            if entry is not None and entry.removable and path.resolve() in kept:
+            if entry is None:
+                continue
+            if entry.removable and path.resolve() in kept:
                 entry = dataclasses.replace(entry, role=f"{entry.role}; kept: a setting names it", removable=False)
-            if entry is not None:
-                found.append(entry)
+            found.append(entry)
     return found
 
 
@@ -323,7 +324,7 @@ def _describe(path: Path, roles: dict[str, tuple[str, bool]], now: float) -> Sto
             return None  # counted with its file
         return StoredFile(path, _size(path), "stamp of a file that is gone", True)
     if name.endswith(PARTIAL_SUFFIX):
-        stale = now - path.stat().st_mtime > STALE_PARTIAL_SECONDS
+        stale = _is_stale(path, now)
         return StoredFile(path, _size(path), "left by an interrupted assembly" if stale else "being written", stale)
     if path.is_dir():
         role, removable = "an embedder's int8 ONNX export (rebuilt on first use)", False
@@ -462,8 +463,13 @@ def _remove_stale_partials(target: Path) -> None:
     now = time.time()
     for partial in target.parent.glob(f".{glob.escape(target.name)}.*{PARTIAL_SUFFIX}"):
         with contextlib.suppress(FileNotFoundError):
-            if now - partial.stat().st_mtime > STALE_PARTIAL_SECONDS:
+            if _is_stale(partial, now):
                 partial.unlink()
+
+
+def _is_stale(partial: Path, now: float) -> bool:
+    """Whether a temporary file belongs to a killed assembly (see STALE_PARTIAL_SECONDS)."""
+    return now - partial.stat().st_mtime > STALE_PARTIAL_SECONDS
 
 
 @contextlib.contextmanager

@@ -138,7 +138,7 @@ def test_search_says_how_it_mended_the_spelling_for_this_reader(
 
 
 def test_models_lists_the_directory_and_prunes_what_nothing_loads(
-    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rag.assets import QWEN_CODER_05B
 
