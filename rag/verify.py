@@ -373,12 +373,14 @@ def judge(draft: Draft, sources: Sequence[Hit], threshold: float, question: str 
     is not "will provide"); and, when the ``question`` is given, the sentence takes
     ``MIN_NEW_WORDS`` content words from that passage that the question does not contain.
 
-    When a number of the sentence is missing from the sources it cites, or the cited source holds
-    less than ``RECITE_BELOW`` of its words, each other source is judged alone, and the first that
+    When a number of the sentence is missing from the sources it cites, the cited source holds
+    less than ``RECITE_BELOW`` of its words, or its negation disagrees with the cited source
+    (handbook H06: "GSA IT does not provide wireless peripherals", copied from [1] and cited as
+    [2]), each other source is judged alone, and the first that
     supports it becomes its citation (``Support.citations``): a small model copies "384
     dimensions, reads up to 256 word-pieces" from [3] and writes [1], and the reader would click
     to a passage that does not say it. The claim is checked exactly as strictly; only the pointer
-    is repaired. Both are strong evidence of a wrong pointer, while repairing any low word overlap
+    is repaired. All three are strong evidence of a wrong pointer, while repairing any low word overlap
     (a sentence that mixes its cited source with another) passed 2 wrong sentences of the
     labelled set for 0 right ones.
     """
@@ -403,7 +405,8 @@ def judge(draft: Draft, sources: Sequence[Hit], threshold: float, question: str 
     first = _judge_against(draft.text, words, [sources[n - 1] for n in draft.citations], threshold, question, toned)
     if first.supported:
         return first
-    if first.reason.startswith("number") or (first.reason.startswith("overlap") and first.score < RECITE_BELOW):
+    if first.reason.startswith(("number", "adds a negation", "drops the negation")) or (
+            first.reason.startswith("overlap") and first.score < RECITE_BELOW):
         for n in range(1, len(sources) + 1):
             if [n] != draft.citations:
                 other = _judge_against(draft.text, words, [sources[n - 1]], threshold, question, toned)
@@ -558,9 +561,11 @@ def is_shown(sentence: Sentence, show_unsupported: bool) -> bool:
 # Model declines and the extractive fallback
 
 _SOURCE_WORDS_EN = r"(?:sources?|documents?|passages?|context|texts?|provided information)"
+# The sources must be what "does not" is said of: no comma between them, for "According to [2] of the
+# sources, GSA IT does not provide wireless peripherals" answers the question (handbook H06).
 _DECLINES = (
     re.compile(
-        rf"\b{_SOURCE_WORDS_EN}\b[^.!?]{{0,40}}?\b(?:do|does|did) not (?:say|state|contain|mention|provide|include|"
+        rf"\b{_SOURCE_WORDS_EN}\b[^.!?,;]{{0,40}}?\b(?:do|does|did) not (?:say|state|contain|mention|provide|include|"
         r"specify|answer|cover|give)\b|\bno information\b|\bnot (?:mentioned|stated|specified) in\b|"
         r"\b(?:cannot|can't|could not|couldn't) (?:find|answer|determine|tell)\b",
         re.IGNORECASE,
@@ -568,7 +573,7 @@ _DECLINES = (
     # Folded Vietnamese: "không có thông tin", "không tìm thấy", "(tài liệu|nguồn|đoạn) không (nói|nêu|...)"
     re.compile(
         r"\bkhong co thong tin\b|\bkhong tim thay\b|"
-        r"\b(?:tai lieu|nguon|doan)\b[^.!?]{0,40}?\bkhong (?:noi|neu|de cap|chua|co)\b"
+        r"\b(?:tai lieu|nguon|doan)\b[^.!?,;]{0,40}?\bkhong (?:noi|neu|de cap|chua|co)\b"
     ),
 )
 

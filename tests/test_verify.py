@@ -123,6 +123,18 @@ def test_a_sentence_that_hardly_touches_its_source_is_recited() -> None:
     assert not mixed.supported and mixed.citations is None and "overlap 0.33" in mixed.reason
 
 
+def test_a_negation_the_cited_source_contradicts_but_another_states_is_recited() -> None:
+    # a "does not provide" copied from [2] and cited as [1], a passage without the negation (handbook
+    # H06): the claim is judged as strictly against the other source, which states it
+    provides = hit("GSA IT provides a laptop and wireless peripherals for the office.", n=1)
+    does_not = hit("Please note, GSA IT does not provide wireless peripherals for home setups.", n=2)
+    claim = draft_sentence("GSA IT does not provide wireless peripherals [1].", 2)
+    verdict = judge(claim, [provides, does_not], 0.5)
+    assert verdict.supported and verdict.citations == (2,)
+    alone = judge(claim, [provides], 0.5)
+    assert not alone.supported and alone.reason == "adds a negation to [1]"
+
+
 def test_a_number_found_in_another_source_repairs_the_citation() -> None:
     verdict = judge(draft_sentence("The garage closes at 7 pm on weekdays [2].", 2), [GARAGE, OFFICE], 0.5)
     assert verdict.supported and verdict.citations == (1,)  # the reader is sent to the passage that says it
@@ -248,6 +260,9 @@ def test_declines_are_recognised_in_both_languages() -> None:
     assert declined("The sources do not say how much a permit costs.")
     assert declined("Tài liệu không có thông tin về việc này.")
     assert not declined("The garage closes at 7 pm [1].")
+    assert declined("The provided documents do not mention the fee.")
+    assert not declined("According to [2] of the sources, GSA IT does not provide wireless peripherals.")
+    assert not declined("Theo nguồn [1], hệ thống không có tệp PDF.")
 
 
 # --- citations
