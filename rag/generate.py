@@ -212,6 +212,8 @@ def instruct_lead(language: str = "en") -> str:
 
     The lead decides the answer's language more than the rules do: primed with "According to [",
     Qwen2.5 0.5B answered Vietnamese questions in English whatever the system prompt asked.
+    "Theo [" copies some headings after the number; "Theo nguồn [" and no lead wrote fewer
+    verified answers on golden_vi (7 -> 3 and 2 of 28; README, session 18).
     """
     return load_prompt(_per_language("instruct_lead", language)).strip("\n")
 
