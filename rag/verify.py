@@ -197,7 +197,10 @@ class Draft:
     removed_urls: int
 
 
-_ONLY_MARKERS = re.compile(r"^(?:\s*\[[^\]\n]*\]\s*[.,;:!?]*)+\s*$")
+# Each repetition starts at its "[": written as (?:\s*\[…\]\s*[.,;:!?]*)+\s*$ the spaces between two
+# markers could go to either one, and a model stuck repeating "[2] [2] [2] …" that ended on no marker
+# backtracked 2^n ways (the Ask page hung in raw_sentences on a libreoffice_vi question).
+_ONLY_MARKERS = re.compile(r"^\s*(?:\[[^\]\n]*\][\s.,;:!?]*)+$")
 _LEADING_MARKERS = re.compile(r"^(?:\s*\[\s*\d{1,4}(?:\s*[,;]\s*\d{1,4})*\s*\])+\s*")
 
 

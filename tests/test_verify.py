@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -85,6 +87,20 @@ def test_markers_after_the_period_stay_with_their_sentence() -> None:
     ]
     # A sentence that already cites keeps its own markers; the next one keeps its leading marker.
     assert raw_sentences("Closes at 7 pm [1]. [2] Opens at 8 am.") == ["Closes at 7 pm [1].", "[2] Opens at 8 am."]
+
+
+def test_a_reply_stuck_repeating_a_marker_is_split_at_all() -> None:
+    # The 0.5B once wrote "[2] " until max_tokens and stopped inside a marker; the marker-only
+    # pattern then backtracked 2^n ways and the Ask page never returned. Run in a child process:
+    # a regex in C cannot be interrupted, and a hang must fail here rather than stall the suite.
+    code = (
+        "from rag.verify import raw_sentences\n"
+        "run = '[2] ' * 60\n"
+        "print(raw_sentences('Chọn sắc thái [2]. ' + run + '[2') == ['Chọn sắc thái [2].', run + '[2'])\n"
+        "print(raw_sentences('Chọn sắc thái. ' + run) == ['Chọn sắc thái. ' + run.strip()])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["True", "True"]
 
 
 def test_draft_answer_drops_repeated_sentences() -> None:
