@@ -197,10 +197,11 @@ class Draft:
     removed_urls: int
 
 
-# Each repetition starts at its "[": written as (?:\s*\[…\]\s*[.,;:!?]*)+\s*$ the spaces between two
-# markers could go to either one, and a model stuck repeating "[2] [2] [2] …" that ended on no marker
-# backtracked 2^n ways (the Ask page hung in raw_sentences on a libreoffice_vi question).
-_ONLY_MARKERS = re.compile(r"^\s*(?:\[[^\]\n]*\][\s.,;:!?]*)+$")
+# Possessive quantifiers (Python 3.11): written as (?:\s*\[…\]\s*[.,;:!?]*)+\s*$ the spaces between
+# two markers could go to either one, and a model stuck repeating "[2] [2] [2] …" that ended on no
+# marker backtracked 2^n ways (the Ask page hung in raw_sentences on a libreoffice_vi question).
+# Nothing a possessive part takes could let a later part match, so it matches the same strings.
+_ONLY_MARKERS = re.compile(r"^\s*+(?:\[[^\]\n]*+\]\s*+[.,;:!?]*+\s*+)++$")
 _LEADING_MARKERS = re.compile(r"^(?:\s*\[\s*\d{1,4}(?:\s*[,;]\s*\d{1,4})*\s*\])+\s*")
 
 
