@@ -260,6 +260,7 @@ def _ask_stream(
     examiner = _examiner(settings, resources)
     model = language_model()
     generation = start_generation(model, question, kept, settings=settings, language=language)
+    generation.no_retry = no_second_attempt(conn, question, kept, signals)
     for item in answer_stream(model, generation, settings=settings, embedder=embedder, started=started):
         if not isinstance(item, Answer):
             yield item
@@ -327,6 +328,17 @@ def decision_signals(conn: store.Connection, question: str, kept: Sequence[Hit],
     )
 
 
+def no_second_attempt(
+    conn: store.Connection, question: str, kept: Sequence[Hit], signals: decide.Signals | None = None
+) -> str:
+    """Why a first reply with no verified sentence over ``kept`` must not be tried again
+    (``Generation.no_retry``), "" when it may: none of the kept passages holds a word of the
+    question. On the visible golden sets the only second reply that verified over such passages
+    answered a question the documents do not (README, "A second attempt")."""
+    coverage = (signals or decision_signals(conn, question, kept, 1.0)).coverage  # the threshold only scales the gap
+    return "" if coverage > 0 else "no kept passage holds a word of the question"
+
+
 def written_sentences(answer: Answer) -> tuple[int, int]:
     """(sentences the model wrote, of them verified), from the verification trace; (0, 0) without a model."""
     if not answer.llm_called:
@@ -365,4 +377,7 @@ def _after_decision(answer: Answer, policy: decide.Policy | None, signals: decid
     )
 
 
-__all__ = ["answer_signals", "ask", "ask_stream", "collection_policy", "decision_signals", "written_sentences"]
+__all__ = [
+    "answer_signals", "ask", "ask_stream", "collection_policy", "decision_signals", "no_second_attempt",
+    "written_sentences",
+]

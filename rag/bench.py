@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from rag import chunking, metrics, registry, retrieval, store
+from rag.ask import no_second_attempt
 from rag.config import Settings, load_settings
 from rag.embedding import Embedder
 from rag.errors import RagError
@@ -569,6 +570,7 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
         kept = hits[: settings.max_sources]
         run_settings = settings.replace(max_tokens=1) if index == 0 else settings
         generation = start_generation(llm, question, kept, settings=run_settings)
+        generation.no_retry = no_second_attempt(conn, question, kept)  # as ask decides it
         answer = None
         for item in answer_stream(llm, generation, settings=run_settings, embedder=embedder, started=clock):
             answer = item

@@ -175,6 +175,11 @@ class Settings:
     # with qwen-1.5b, held out, fewer answerable questions were refused (lost 0.565 -> 0.387) but more
     # must-refuse ones answered (bluffs 1 -> 4 of 18), at ~2.5 s and 1.8 GB more (README, "Answers").
     answer_examiner: str = "off"
+    # When an instruct model's reply has no verified sentence (and does not decline), ask once
+    # more, primed with the language's second lead (rag/prompts/instruct_retry_lead_<lang>.txt),
+    # if a kept passage holds a word of the question: the prompt prefix is cached, so it costs the
+    # second reply's decode (complete answer p50 3.6 -> 4.3 s in rag bench; README).
+    answer_retry: bool = True
     # --- verification ---
     support_threshold: float = 0.5  # share of a sentence's content words in 2 adjacent sentences of a cited source
     show_unsupported: bool = False  # show dropped sentences struck through instead of hiding

@@ -50,7 +50,8 @@ class AnswerRow:
     evidence_kept: bool = False  # a kept passage holds the evidence (answerable only)
     corpus: str = ""  # the golden set's name: the group of leave-one-corpus-out validation
     dropped: list[str] = field(default_factory=list)  # why each unverified model sentence was dropped (drop_kind)
-    raw: str = ""  # the model's reply as written (empty without a model)
+    raw: str = ""  # the model's reply as written (empty without a model); the second one after a retry
+    replies: list[str] = field(default_factory=list)  # both replies, in order, when the model tried twice
     question: str = ""  # the query as asked
     shown: str = ""  # what the reader is shown ("" for not found): verified sentences or the quote
     cited: str = ""  # the first shown citation's passage (for judging the shown answer offline)
@@ -94,6 +95,8 @@ class AnswerReport:
             "refusal_precision": _share(refused_right, refused_all),
             "refusal_recall": _share(refused_right, len(refusable)),
             "support_rate": _share(sum(r.supported_sentences for r in self.rows), written),
+            # answers the model wrote twice (a first reply with no verified sentence: rag.generate.retry_lead)
+            "second_attempts": _share(sum(bool(r.replies) for r in self.rows), sum(bool(r.raw) for r in self.rows)),
             "coverage": _share(len(shown), len(self.rows)),
             "risk": _share(len(wrong), len(shown)),
             "first_text_p50_ms": round(statistics.median(first), 1) if first else None,
@@ -169,7 +172,7 @@ def run_answers(
     limit: int | None = None,
     sample: int | None = None,
     on_query: Callable[[int, int, str], None] | None = None,
-    replies: Mapping[str, str] | None = None,
+    replies: Mapping[str, Sequence[str]] | None = None,
 ) -> AnswerReport:
     """Ask every query of ``golden`` (or the first ``limit``) and score what would be shown.
 
@@ -187,7 +190,7 @@ def run_answers(
     rows = []
     for index, query in enumerate(queries, start=1):
         if replay is not None and replies is not None:
-            replay.reply = replies.get(query.id)
+            replay.play(replies.get(query.id, []))
         answer = ask_module.ask(query.text, conn=conn, settings=settings, groups=query.groups, collection=name,
                                 embedder=embedder, llm=replay, generate=generate, resources=resources)
         written, supported = written_sentences(answer)
@@ -200,6 +203,7 @@ def run_answers(
             evidence_kept=evidence_kept(answer, query), corpus=golden.name,
             dropped=[drop_kind(str(d.get("reason", ""))) for d in answer.trace.get("dropped_sentences", [])],
             raw=str(answer.trace.get("raw", "")) if answer.llm_called else "",
+            replies=[str(r) for r in answer.trace.get("replies", [])] if answer.llm_called else [],
             question=query.text, shown="" if answer.status == "no_answer" else answer.text,
             cited=answer.citations[0].quote if answer.citations and answer.status != "no_answer" else "",
         ))

@@ -12,9 +12,9 @@ from rag import decide, store
 from rag.ask import ask
 from rag.config import Settings
 from rag.evaluate_answers import AnswerRow, apply_policy, decision_examples, loco_report, outcome_figures
-from rag.generate import build_messages, focus, lm_verdict, prompt_style, start_generation
+from rag.generate import answer_stream, build_messages, focus, lm_verdict, prompt_style, retry_lead, start_generation
 from rag.ingest import ingest
-from rag.records import Hit
+from rag.records import Answer, Hit
 from rag.verify import declined, draft_answer, judge
 
 from .fakes import FailingLLM, FakeEmbedder, FakeLLM
@@ -109,6 +109,59 @@ def test_the_verdict_is_the_log_odds_of_yes_asked_after_the_answer() -> None:
     assert lm_verdict(base, start_generation(base, "When?", [hit(1, GARAGE)], settings=Settings())) is None
 
 
+# --- a second attempt
+
+
+HAM_XE = "Hầm xe đóng cửa lúc 7 giờ tối các ngày trong tuần. Hầm xe đóng cửa vào ngày lễ."
+HAM_XE_Q = "Hầm xe đóng cửa lúc mấy giờ?"
+
+
+def run_stream(llm: FakeLLM, question: str, sources: list[Hit], settings: Settings) -> tuple[list[str], Answer]:
+    generation = start_generation(llm, question, sources, settings=settings)
+    *pieces, answer = list(answer_stream(llm, generation, settings=settings))
+    assert isinstance(answer, Answer) and all(isinstance(p, str) for p in pieces)
+    return [str(p) for p in pieces], answer
+
+
+def test_a_failed_first_reply_is_tried_once_more_with_the_second_lead() -> None:
+    first = "3] Bãi đỗ xe — Hầm xe."  # a copied heading: no verified sentence
+    second = "1], hầm xe đóng cửa lúc 7 giờ tối các ngày trong tuần [1]."
+    llm = instruct_llm(first, second, "never asked")
+    pieces, answer = run_stream(llm, HAM_XE_Q, [hit(1, HAM_XE)], Settings())
+    assert retry_lead("vi") == "Theo nguồn ["
+    assert answer.status == "answered" and "7 giờ tối" in answer.text and "".join(pieces) == answer.text
+    assert answer.trace["replies"] == ["Theo [" + first, "Theo nguồn [" + second]
+    assert answer.trace["raw"] == "Theo nguồn [" + second and len(llm.calls) == 2
+    asked = [text for text in llm.prompts if text.endswith("[")]  # the two prompts: one prefix, two leads
+    assert asked[-2].endswith("Theo [") and asked[-1] == asked[-2].removesuffix("Theo [") + "Theo nguồn ["
+    assert answer.timings_ms["generate"] > 0 and answer.timings_ms["first_token"] <= answer.timings_ms["first_text"]
+
+
+def test_no_second_attempt_after_an_answer_a_refusal_or_with_it_off() -> None:
+    supported = "1], hầm xe đóng cửa lúc 7 giờ tối các ngày trong tuần [1]."
+    heading = "3] Bãi đỗ xe — Hầm xe."
+    cases = {
+        "answered": (instruct_llm(supported, heading), Settings()),
+        "declined": (instruct_llm("NOT IN SOURCES", supported), Settings()),
+        "off": (instruct_llm(heading, supported), Settings(answer_retry=False)),
+    }
+    for name, (llm, settings) in cases.items():
+        _, answer = run_stream(llm, HAM_XE_Q, [hit(1, HAM_XE)], settings)
+        assert len(llm.calls) == 1 and "replies" not in answer.trace, name
+    assert cases["off"][0].replies == [supported]  # the second reply was never asked for
+    base = FakeLLM(heading, supported)  # a base model's worked-example prompt: no second lead
+    _, answer = run_stream(base, HAM_XE_Q, [hit(1, HAM_XE)], Settings())
+    assert answer.status == "extractive" and len(base.calls) == 1
+
+
+def test_a_language_without_a_second_lead_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rag.generate.retry_lead", lambda language: None)
+    llm = instruct_llm("3] Bãi đỗ xe — Hầm xe.", "1], hầm xe đóng cửa lúc 7 giờ tối [1].")
+    _, answer = run_stream(llm, HAM_XE_Q, [hit(1, HAM_XE)], Settings())
+    assert answer.status == "extractive" and len(llm.calls) == 1
+    assert retry_lead("xx") is None
+
+
 # --- the policy inside ask
 
 
@@ -175,6 +228,21 @@ def test_decision_off_leaves_the_gate_alone_in_charge(indexed, settings) -> None
     answer = ask_here(indexed, dataclasses.replace(settings, decision="off"),
                       FakeLLM("1], the garage closes at 7 pm on weekdays. It is closed on public holidays [1]."))
     assert answer.status == "answered" and "decision" not in answer.trace
+
+
+def test_ask_tries_again_only_where_the_passages_hold_a_word_of_the_question(
+    indexed, settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("rag.generate.retry_lead", lambda language: "According to source [")
+    loose = dataclasses.replace(settings, decision="off", max_distance=2.0)  # the gate keeps every passage
+    heading, good = "1] Parking — Garage.", "1], the garage closes at 7 pm on weekdays [1]."
+    llm = instruct_llm(heading, good)
+    answer = ask_here(indexed, loose, llm)
+    assert answer.status == "answered" and len(llm.calls) == 2 and len(answer.trace["replies"]) == 2
+    stranger = instruct_llm(heading, good)
+    answer = ask_here(indexed, loose, stranger, question="Who won the xylophone contest?")
+    assert answer.status == "extractive" and len(stranger.calls) == 1 and "replies" not in answer.trace
+    assert answer.trace["second_attempt"] == "not tried: no kept passage holds a word of the question"
 
 
 # --- fitting and replaying on measured rows

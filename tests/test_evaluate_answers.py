@@ -11,10 +11,10 @@ import pytest
 from rag import cli, store
 from rag.config import Settings
 from rag.errors import RagError
-from rag.evaluate_answers import drop_kind, dump, format_figures, run_answers
+from rag.evaluate_answers import AnswerReport, drop_kind, dump, format_figures, load_rows, run_answers
 from rag.golden import load_golden
 from rag.ingest import ingest
-from rag.replay import ReplayModel, recorded_replies, strip_lead
+from rag.replay import ReplayModel, answer_leads, recorded_replies, strip_lead
 from rag.resources import Resources
 
 from .fakes import FakeEmbedder, FakeLLM
@@ -147,7 +147,7 @@ def test_recorded_replies_are_played_back_instead_of_decoded(
     # a query whose reply was not recorded is generated
     with Resources(settings) as resources:
         partial = run_answers(conn, load_golden(golden), resources=resources, settings=settings,
-                              replies={"A1/q": recorded.rows[0].raw})
+                              replies={"A1/q": [recorded.rows[0].raw]})
     assert {r.id: r.raw for r in partial.rows}["U1/q"].endswith("green cheese and opens at noon.")
     assert len(wrong.calls) == 1
     # the command line
@@ -162,14 +162,39 @@ def test_recorded_replies_are_played_back_instead_of_decoded(
 def test_a_replay_model_decodes_everything_but_the_answer() -> None:
     inner = FakeLLM("Khi nào nhà xe đóng cửa?")
     replay = ReplayModel(inner, answer_tokens=200, leads=("According to [", "Theo ["))
-    replay.reply = "According to [1], the garage closes at 7 pm [1]."
+    replay.play(["According to [1], the garage closes at 7 pm [1]."])
     translated = "".join(d.text for d in replay.stream([1, 2], max_tokens=64, stop=[]))
     assert translated == "Khi nào nhà xe đóng cửa?" and len(inner.calls) == 1  # a translation is decoded
     answer = list(replay.stream([1, 2], max_tokens=200, stop=[]))
     assert [d.text for d in answer] == ["1], the garage closes at 7 pm [1]."] and len(inner.calls) == 1
-    assert replay.reply is None and replay.replayed == 1  # one answer per query
+    assert replay.replies == [] and replay.replayed == 1  # one recorded answer for this query
+    assert "".join(d.text for d in replay.stream([1, 2], max_tokens=200, stop=[])) == "Khi nào nhà xe đóng cửa?"
+    assert len(inner.calls) == 2  # a second answer stream with nothing recorded is decoded
     assert strip_lead("Theo [2], nhà xe", replay.leads) == "2], nhà xe"
     assert strip_lead("The garage", replay.leads) == "The garage"
+
+
+def test_both_replies_of_a_second_attempt_are_recorded_and_played_back_in_order(tmp_path: Path) -> None:
+    rows = {"golden": "toy", "rows": [
+        {"id": "V1/q", "kind": "answerable", "status": "answered", "correct": True, "model_sentences": 1,
+         "supported_sentences": 1, "first_text_ms": 1.0, "total_ms": 2.0, "raw": "Theo nguồn [1], hai.",
+         "replies": ["Theo [3] Tiêu đề.", "Theo nguồn [1], hai."]},
+        {"id": "V2/q", "kind": "answerable", "status": "answered", "correct": True, "model_sentences": 1,
+         "supported_sentences": 1, "first_text_ms": 1.0, "total_ms": 2.0, "raw": "Theo [1], một."},
+        {"id": "U1/q", "kind": "unanswerable", "status": "no_answer", "correct": False, "model_sentences": 0,
+         "supported_sentences": 0, "first_text_ms": None, "total_ms": 2.0},
+    ]}
+    saved = tmp_path / "rows.json"
+    saved.write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+    replies = recorded_replies(str(saved))
+    assert replies == {"V1/q": ["Theo [3] Tiêu đề.", "Theo nguồn [1], hai."], "V2/q": ["Theo [1], một."]}
+    replay = ReplayModel(FakeLLM("decoded"), answer_tokens=200, leads=answer_leads())
+    replay.play(replies["V1/q"])
+    first, second = ("".join(d.text for d in replay.stream([1], max_tokens=200, stop=[])) for _ in range(2))
+    assert (first, second) == ("3] Tiêu đề.", "1], hai.")  # each without the lead it was primed with
+    assert replay.replayed == 1 and "Theo nguồn [" in replay.leads
+    report = AnswerReport("toy", "c", "m", tuple(load_rows(str(saved))))
+    assert report.figures()["second_attempts"] == 0.5  # of the two replies the model wrote
 
 
 def test_an_unreadable_recording_is_a_clear_error(tmp_path: Path) -> None:
