@@ -50,6 +50,8 @@ with ui.frame("manage_settings") as view:
         examiners = list(dict.fromkeys([*ui.EXAMINER_CHOICES, settings.answer_examiner]))  # a GGUF path stays
         examiner = st.radio("Answer examiner", examiners, index=examiners.index(settings.answer_examiner),
                             horizontal=True, help=ui.EXAMINER_HELP)
+        retry = st.checkbox("Second attempt when nothing the model wrote is verified", value=settings.answer_retry,
+                            help=ui.RETRY_HELP)
         st.subheader("Conversation")
         methods = ["rules", "model", "off"]
         rewrite = st.radio(
@@ -69,7 +71,8 @@ with ui.frame("manage_settings") as view:
         try:
             view.require("manage_settings")
             changes = {"embedder": embedder, "llm_path": llm_path.strip(), "answer_examiner": examiner,
-                       "rewrite": rewrite, "max_distance": round(float(default_threshold), 4)}
+                       "answer_retry": bool(retry), "rewrite": rewrite,
+                       "max_distance": round(float(default_threshold), 4)}
             path = config.write_settings(changes)
             view.audit("settings_save", changes)
             ui.flash("success", f"Saved to {path}.")

@@ -581,6 +581,7 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
             examine_clock = time.perf_counter()
             examine_answer(examiner, question, answer.text)
             examine_ms = _r((time.perf_counter() - examine_clock) * 1000, 1)
+        # prefill and decode of the first attempt; complete_ms includes a second one (answer_stream)
         decode_ms = generation.generate_ms - generation.first_token_ms
         runs.append({
             "ttft_ms": answer.timings_ms["first_token"],

@@ -595,7 +595,8 @@ def answer_stream(
 
     Args:
         llm: the model the prompt was built for.
-        generation: the prompt and its sources; filled in with what the model did.
+        generation: the prompt and its sources; filled in with what the model did (its first
+            attempt: a second one is a new ``Generation``, seen in the trace).
         settings: decoding and verification settings.
         embedder: passed to the verifier (picks the extractive quote's sentences).
         started: ``time.perf_counter()`` at the question's arrival, which ``first_token`` and
@@ -603,7 +604,8 @@ def answer_stream(
 
     Returns (as the last item):
         An ``answered`` or ``extractive`` Answer over ``generation.hits`` with ``timings_ms``
-        (first_token, first_text, generate, verify) and the generation and verification trace.
+        (first_token, first_text, generate, verify; generate and verify summed over both
+        attempts) and the generation and verification trace (of the attempt shown).
         Exhaust or close the iterator: the model is busy while it generates.
     """
     started = time.perf_counter() if started is None else started

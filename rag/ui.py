@@ -57,6 +57,9 @@ EXAMINER_HELP = ("A second model reads the question and the answer about to be s
                  "it; the answer-or-refuse decision weighs that. qwen-1.5b (the extra: pip install "
                  "'rag-desk[qwen1.5b]'): about 2.5 s more per answer and 1.8 GB more memory. off: the decision "
                  "reads the retrieval and verification signals alone.")
+RETRY_HELP = ("When no sentence of the model's reply can be checked against its sources, it writes once more, "
+              "starting with other words (only if a passage holds a word of the question). More answers are "
+              "written by the model instead of quoted; those answers take one more reply (about 1-2 s here) to finish.")
 
 
 # ---------------------------------------------------------------------------------------------

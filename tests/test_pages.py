@@ -969,13 +969,16 @@ def test_settings_page_saves_a_validated_file(guide_db: Path, data_dir: Path) ->
     examiner = "qwen-1.5b" if load_settings().answer_examiner == "off" else "off"  # not the default, whichever
     at.radio[2].set_value(examiner)
     at.radio[3].set_value("off")
+    retry = not load_settings().answer_retry
+    at.checkbox[0].set_value(retry)
     at.number_input[0].set_value(0.6)
     at.button(key="FormSubmitter:settings-Save settings").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert "Saved to" in texts(at)
     settings = load_settings()
-    chosen = (settings.embedder, settings.llm_path, settings.answer_examiner, settings.rewrite, settings.max_distance)
-    assert chosen == ("e5", "gemma", examiner, "off", 0.6)
+    chosen = (settings.embedder, settings.llm_path, settings.answer_examiner, settings.answer_retry, settings.rewrite,
+              settings.max_distance)
+    assert chosen == ("e5", "gemma", examiner, retry, "off", 0.6)
     at.radio[1].set_value("a GGUF file")
     at.text_input[0].input("/nowhere/model.gguf")
     at.button(key="FormSubmitter:settings-Save settings").click().run()
