@@ -303,7 +303,7 @@ def fit_prompt(
     if settings.source_chars > 0:
         full = [focus(text, question, settings.source_chars) for text in full]
     allowed = [len(text) for text in full]
-    limit = min(settings.n_ctx, llm.context_size()) - settings.max_tokens  # the model as built
+    limit = prompt_budget(llm, settings)  # the model as built
     while True:
         contents = [text if len(text) <= n else text[:n].rstrip() + " …" for text, n in zip(full, allowed, strict=True)]
         messages, lead = build_messages(question, hits, language, contents, style)
@@ -513,6 +513,11 @@ def retry_generation(llm: LanguageModel, generation: Generation, lead: str) -> G
                       language=generation.language, style=generation.style, extra=generation.extra)
 
 
+def prompt_budget(llm: LanguageModel, settings: Settings) -> int:
+    """The most prompt tokens that leave ``max_tokens`` of the context window for the answer."""
+    return min(settings.n_ctx, llm.context_size()) - settings.max_tokens
+
+
 def _wants_retry(generation: Generation, verified: Verified, emitted: int, settings: Settings) -> str | None:
     """The lead of a second attempt, when ``generation`` is a first instruct reply with no
     verified sentence that did not decline and streamed nothing; else None."""
@@ -618,8 +623,13 @@ def answer_stream(
         timings["first_token"] = round((generation.first_token_at - started) * 1000, 1)
     replies = [generation.text]
     lead = _wants_retry(generation, verified, emitted, settings)
-    if lead is not None:
-        generation = retry_generation(llm, generation, lead)
+    retry = retry_generation(llm, generation, lead) if lead is not None else None
+    if retry is not None and len(retry.prompt.tokens) > prompt_budget(llm, settings):
+        # the first prompt was cut to fit; the longer lead would push the answer out of the window
+        generation.extra["second_attempt"] = "not tried: its prompt does not fit the context window"
+        retry = None
+    if retry is not None:
+        generation = retry
         verified, more_ms, emitted = yield from _attempt(llm, generation, settings=settings, embedder=embedder,
                                                          started=started, timings=timings, emitted=0)
         verify_ms += more_ms

@@ -154,6 +154,16 @@ def test_no_second_attempt_after_an_answer_a_refusal_or_with_it_off() -> None:
     assert answer.status == "extractive" and len(base.calls) == 1
 
 
+def test_no_second_attempt_whose_longer_lead_would_not_leave_room_for_the_answer() -> None:
+    probe = start_generation(instruct_llm(), HAM_XE_Q, [hit(1, HAM_XE)], settings=Settings())
+    window = min(Settings().n_ctx, instruct_llm().context_size())
+    tight = Settings(max_tokens=window - len(probe.prompt.tokens))  # the first prompt fits exactly
+    llm = instruct_llm("3] Bãi đỗ xe — Hầm xe.", "1], hầm xe đóng cửa lúc 7 giờ tối [1].")
+    _, answer = run_stream(llm, HAM_XE_Q, [hit(1, HAM_XE)], tight)
+    assert answer.status == "extractive" and len(llm.calls) == 1
+    assert answer.trace["second_attempt"] == "not tried: its prompt does not fit the context window"
+
+
 def test_a_language_without_a_second_lead_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("rag.generate.retry_lead", lambda language: None)
     llm = instruct_llm("3] Bãi đỗ xe — Hầm xe.", "1], hầm xe đóng cửa lúc 7 giờ tối [1].")
