@@ -68,6 +68,11 @@ def load_prompt(name: str) -> str:
         raise RagError(f"no prompt template rag/prompts/{name}.txt") from e
 
 
+def prompt_exists(name: str) -> bool:
+    """Whether ``rag/prompts/<name>.txt`` ships (a per-language prompt is optional)."""
+    return resources.files("rag").joinpath("prompts", f"{name}.txt").is_file()
+
+
 def prompt_parts(name: str, required: Iterable[str]) -> dict[str, str]:
     """``rag/prompts/<name>.txt`` split at its ``## part`` lines: part name -> text (outer blank
     lines stripped). Raises RagError when one of ``required`` is missing."""
@@ -110,7 +115,7 @@ class Example:
 def load_example(language: str) -> Example:
     """``answer_example_<language>.txt`` (English when there is none), split on ``## part`` lines."""
     name = f"answer_example_{language}"
-    if not resources.files("rag").joinpath("prompts", f"{name}.txt").is_file():
+    if not prompt_exists(name):
         name = "answer_example_en"
     text = prompt_parts(name, ("sources", "question", "answer", "lead"))
     return Example(text["sources"], text["question"], text["answer"], text["lead"])
@@ -222,7 +227,7 @@ def instruct_lead(language: str = "en") -> str:
 def _per_language(name: str, language: str) -> str:
     """``<name>_<language>`` when that prompt exists, else ``name`` (the English one)."""
     localized = f"{name}_{language}"
-    return localized if resources.files("rag").joinpath("prompts", f"{localized}.txt").is_file() else name
+    return localized if prompt_exists(localized) else name
 
 
 def build_messages(
@@ -500,7 +505,7 @@ def retry_lead(language: str) -> str | None:
     over five golden sets (5 of 62 held out), none fewer (README, "A second attempt, built").
     """
     name = f"instruct_retry_lead_{language}"
-    if not resources.files("rag").joinpath("prompts", f"{name}.txt").is_file():
+    if not prompt_exists(name):
         return None
     return load_prompt(name).strip("\n") or None
 
@@ -518,9 +523,12 @@ def prompt_budget(llm: LanguageModel, settings: Settings) -> int:
     return min(settings.n_ctx, llm.context_size()) - settings.max_tokens
 
 
-def _wants_retry(generation: Generation, verified: Verified, emitted: int, settings: Settings) -> str | None:
-    """The lead of a second attempt, when ``generation`` is a first instruct reply with no
-    verified sentence that did not decline and streamed nothing; else None."""
+def _second_attempt(
+    llm: LanguageModel, generation: Generation, verified: Verified, emitted: int, settings: Settings
+) -> Generation | None:
+    """The second attempt at ``generation``, when it is a first instruct reply with no verified
+    sentence that did not decline and streamed nothing, and its language has a second lead; else
+    None (with the reason in the trace when the attempt was wanted but is not made)."""
     if not settings.answer_retry or generation.style != "instruct" or not generation.prompt.messages:
         return None
     if verified.status == "answered" or emitted or verified.trace.get("model_declined"):
@@ -528,7 +536,15 @@ def _wants_retry(generation: Generation, verified: Verified, emitted: int, setti
     if generation.no_retry:
         generation.extra["second_attempt"] = f"not tried: {generation.no_retry}"
         return None
-    return retry_lead(generation.language)
+    lead = retry_lead(generation.language)
+    if lead is None:
+        return None
+    retry = retry_generation(llm, generation, lead)
+    if len(retry.prompt.tokens) > prompt_budget(llm, settings):
+        # the first prompt was cut to fit; the longer lead would push the answer out of the window
+        generation.extra["second_attempt"] = "not tried: its prompt does not fit the context window"
+        return None
+    return retry
 
 
 def _attempt(
@@ -622,12 +638,7 @@ def answer_stream(
     if generation.first_token_at is not None:
         timings["first_token"] = round((generation.first_token_at - started) * 1000, 1)
     replies = [generation.text]
-    lead = _wants_retry(generation, verified, emitted, settings)
-    retry = retry_generation(llm, generation, lead) if lead is not None else None
-    if retry is not None and len(retry.prompt.tokens) > prompt_budget(llm, settings):
-        # the first prompt was cut to fit; the longer lead would push the answer out of the window
-        generation.extra["second_attempt"] = "not tried: its prompt does not fit the context window"
-        retry = None
+    retry = _second_attempt(llm, generation, verified, emitted, settings)
     if retry is not None:
         generation = retry
         verified, more_ms, emitted = yield from _attempt(llm, generation, settings=settings, embedder=embedder,
