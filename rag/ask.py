@@ -260,7 +260,8 @@ def _ask_stream(
     examiner = _examiner(settings, resources)
     model = language_model()
     generation = start_generation(model, question, kept, settings=settings, language=language)
-    generation.no_retry = no_second_attempt(conn, question, kept, signals)
+    if settings.answer_retry:  # the guard reuses the decision's signals, else reads the keywords' IDF once
+        generation.no_retry = no_second_attempt(conn, question, kept, signals)
     for item in answer_stream(model, generation, settings=settings, embedder=embedder, started=started):
         if not isinstance(item, Answer):
             yield item

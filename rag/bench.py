@@ -570,7 +570,8 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
         kept = hits[: settings.max_sources]
         run_settings = settings.replace(max_tokens=1) if index == 0 else settings
         generation = start_generation(llm, question, kept, settings=run_settings)
-        generation.no_retry = no_second_attempt(conn, question, kept)  # as ask decides it
+        if settings.answer_retry:  # as ask decides it
+            generation.no_retry = no_second_attempt(conn, question, kept)
         answer = None
         for item in answer_stream(llm, generation, settings=run_settings, embedder=embedder, started=clock):
             answer = item

@@ -253,6 +253,11 @@ def test_ask_tries_again_only_where_the_passages_hold_a_word_of_the_question(
     answer = ask_here(indexed, loose, stranger, question="Who won the xylophone contest?")
     assert answer.status == "extractive" and len(stranger.calls) == 1 and "replies" not in answer.trace
     assert answer.trace["second_attempt"] == "not tried: no kept passage holds a word of the question"
+    def no_guard(*_: object) -> str:
+        raise AssertionError("the guard of a second attempt that is off was computed")
+    monkeypatch.setattr("rag.ask.no_second_attempt", no_guard)
+    answer = ask_here(indexed, dataclasses.replace(loose, answer_retry=False), instruct_llm(good))
+    assert answer.status == "answered"
 
 
 # --- fitting and replaying on measured rows
