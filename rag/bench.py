@@ -33,8 +33,8 @@ What is measured, and how:
 - **generation** (child processes, so ``OMP_WAIT_POLICY`` can differ): time to first token from
   the question's arrival (retrieval + prompt + prefill) and decode tokens/s with the bundled GGUF,
   after one warm-up question (the worked example's KV cache is then reused, as in the app), once
-  as configured (``rag.llm`` defaults OpenMP to PASSIVE when it loads llama_cpp) and once with spinning workers
-  (``OMP_WAIT_POLICY=ACTIVE``).
+  as configured (``rag.llm`` defaults OpenMP to passive waiting after 1000 spins when it loads
+  llama_cpp) and once with spinning workers (``OMP_WAIT_POLICY=ACTIVE``).
 - **memory**: peak RSS of a child process that imports the Streamlit UI module and loads every
   model the app can hold (the default embedder, multilingual-e5 and the GGUF) and answers.
 - **database size** per 1,000 chunks, after a WAL checkpoint.
@@ -601,7 +601,8 @@ def generation_child(options: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"runs": runs, "llm_load_s": _r(load_s, 2), "llm": info.id,
                               "examiner": settings.answer_examiner,
                               "examiner_load_s": _r(examiner_load_s, 2) if examiner_load_s is not None else None,
-                              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
+                              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+                              "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "(unset)")}
     if options.get("all_models"):
         import rag.ui  # noqa: F401  the Streamlit app's module, with streamlit, pandas and altair
 
@@ -629,7 +630,7 @@ def peak_rss_mb() -> float:
 
 
 def run_child(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """``generation_child`` in a fresh interpreter (OpenMP reads OMP_WAIT_POLICY once, at load)."""
+    """``generation_child`` in a fresh interpreter (OpenMP reads its wait settings once, at load)."""
     code = ("import json, sys; from rag.bench import generation_child; "
             "print(json.dumps(generation_child(json.loads(sys.argv[1]))))")
     done = subprocess.run([sys.executable, "-c", code, json.dumps(options)], env=env, capture_output=True, text=True,
@@ -645,6 +646,7 @@ def summarise_generation(child: dict[str, Any]) -> dict[str, Any]:
     examined = [r["examine_ms"] for r in runs if r.get("examine_ms") is not None]
     return {
         "omp_wait_policy": child["omp_wait_policy"],
+        "gomp_spincount": child.get("gomp_spincount", "(unset)"),
         "ttft_ms_p50": _r(statistics.median(r["ttft_ms"] for r in runs), 1) if runs else None,
         "prefill_ms_p50": _r(statistics.median(r["prefill_ms"] for r in runs), 1) if runs else None,
         "prompt_tokens_p50": statistics.median(r["prompt_tokens"] for r in runs) if runs else None,
@@ -795,7 +797,8 @@ def run_bench(
                          "questions": [(q.text, list(q.groups)) for q in asked[:6]]}
                 env = dict(os.environ)
                 configured = run_child({**child, "all_models": True}, env)
-                spinning = run_child(child, {**env, "OMP_WAIT_POLICY": "ACTIVE"})
+                spinning = run_child(child, {**{k: v for k, v in env.items() if k != "GOMP_SPINCOUNT"},
+                                             "OMP_WAIT_POLICY": "ACTIVE"})
                 report["generation"] = {"configured": summarise_generation(configured),
                                         "spinning": summarise_generation(spinning)}
                 report["memory"] = {"peak_rss_mb": configured["peak_rss_mb"],
@@ -921,7 +924,8 @@ def format_report(report: dict[str, Any]) -> str:
     for name in ("configured", "spinning"):
         if name in g:
             v = g[name]
-            rows.append(("generation", f"OMP_WAIT_POLICY={v['omp_wait_policy']}: first token p50 ms, decode tok/s",
+            waits = f"OMP_WAIT_POLICY={v['omp_wait_policy']}, GOMP_SPINCOUNT={v.get('gomp_spincount', '(unset)')}"
+            rows.append(("generation", f"{waits}: first token p50 ms, decode tok/s",
                          f"{_fmt(v['ttft_ms_p50'])} ms (prefill {_fmt(v['prefill_ms_p50'])} ms of "
                          f"{_fmt(v['prompt_tokens_p50'])} tokens), {_fmt(v['decode_tokens_per_s_p50'])}"))
             rows.append(("generation", f"{v.get('llm')}: first verified text p50, complete answer p50",

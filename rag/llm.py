@@ -97,7 +97,7 @@ def format_chat(
     """
     note = ""
     if template is not None:
-        _passive_openmp()
+        _openmp_waits()
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # lazy: loads the native library
 
         try:
@@ -203,16 +203,24 @@ def complete_line(llm: LanguageModel, messages: Sequence[Message], max_tokens: i
 # The llama-cpp-python adapter
 
 
-def _passive_openmp() -> None:
-    """Called just before ``llama_cpp`` is imported.
+def _openmp_waits() -> None:
+    """Called just before ``llama_cpp`` is imported: how llama.cpp's OpenMP workers wait.
 
-    llama.cpp's OpenMP workers sleep instead of spinning while they wait. On 2 shared cores a
-    spinning worker burns the CPU its partner needs (rag bench at load ~4: first token 5.8 s and
-    0.4 tokens/s spinning, 2.8 s and 20 tokens/s passive; on a quiet machine passive costs ~20 %).
-    OpenMP reads this once, when llama_cpp loads it, so it is set before the first import; a value
-    set by the user wins.
+    They wait at every barrier of every token's graph. Spinning there burns the CPU a partner needs
+    on 2 shared cores (rag bench at load ~4: first token 5.8 s and 0.4 tokens/s with libgomp's
+    default 300,000 spins, 2.8 s and 20 tokens/s passive), while sleeping at once costs a wake-up at
+    each barrier. So the default is passive waiting after a short spin: ``OMP_WAIT_POLICY=PASSIVE``
+    (every OpenMP runtime) and ``GOMP_SPINCOUNT=1000`` (libgomp, the one llama-cpp-python links on
+    Linux; 1000 is the spin count libgomp itself falls back to when threads outnumber the cores).
+    Measured with the bundled Q4_0 0.5B on the 2 cores (README, Performance, session 21): decode on a
+    quiet machine 21.6 -> 34-35 tokens/s (100 spins 23.8, 300 29.5, 3000 37, unbounded 39), the same
+    ~8-14 tokens/s beside two or four CPU-bound processes, where 30,000 spins fell to 2-5. OpenMP
+    reads both once, when llama_cpp loads it, so they are set before the first import. A user's
+    ``OMP_WAIT_POLICY`` wins, and then so does libgomp's own spin count for it.
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
 # Prompt positions are evaluated in blocks cut at fixed places (see LlamaCppModel._prefill): every
@@ -287,7 +295,7 @@ class LlamaCppModel:
 
     def _token_text(self, token: int) -> str:
         """The text of a (special) token, as the chat template writes it."""
-        _passive_openmp()
+        _openmp_waits()
         import llama_cpp  # lazy: loads the native library (already loaded: ``self._llama`` exists)
 
         if token < 0:
@@ -369,7 +377,7 @@ class LlamaCppModel:
         shift (measured up to 0.7 in a logit) with the length of the prompt evaluated before it.
         A prompt longer than the context keeps its first tokens and its last 8 (the turn markers).
         """
-        _passive_openmp()
+        _openmp_waits()
         import llama_cpp  # lazy: loads the native library (already loaded: ``self._llama`` exists)
 
         with self._hold():
@@ -389,7 +397,7 @@ class LlamaCppModel:
         """See ``LanguageModel``: the prompt is cut into the same aligned blocks as ``stream``'s
         (reused from the cache when they match), and the rest is evaluated as one batch, as
         ``create_completion`` would, so a warm call returns what a cold one does."""
-        _passive_openmp()
+        _openmp_waits()
         import llama_cpp  # lazy: loads the native library (already loaded: ``self._llama`` exists)
 
         with self._hold():
@@ -452,8 +460,8 @@ def load_language_model(path: str = "", n_ctx: int = 4096, threads: int = 0, see
     model_path = Path(path).expanduser() if path else bundled_gguf_path()
     if not model_path.is_file():
         raise ModelLoadError(f"no GGUF model file at {model_path}")
-    _passive_openmp()
-    from llama_cpp import Llama  # lazy: loads the native library and OpenMP (see _passive_openmp)
+    _openmp_waits()
+    from llama_cpp import Llama  # lazy: loads the native library and OpenMP (see _openmp_waits)
 
     try:
         llama = Llama(
@@ -479,7 +487,7 @@ def quantize_gguf(source: Path, target: Path, file_type: int) -> None:
     import ctypes
     import logging
 
-    _passive_openmp()
+    _openmp_waits()
     import llama_cpp  # lazy: loads the native library
 
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # not a line per tensor

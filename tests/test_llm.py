@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from rag.llm import (
     LanguageModel,
     LlamaCppModel,
     TurnFormat,
+    _openmp_waits,
     format_chat,
     load_language_model,
     prefill_blocks,
@@ -218,6 +220,27 @@ def test_prompts_are_evaluated_in_the_same_aligned_blocks_whatever_the_cache_hol
     llama.evals.clear()
     list(model.stream(prompt[:PREFIX_BLOCK], max_tokens=3, stop=[]))  # one block or less: none evaluated here
     assert llama.evals == [] and llama.n_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}),  # passive after a short spin
+        ({"GOMP_SPINCOUNT": "50"}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "50"}),
+        # the user's policy wins, and with it libgomp's own spin count
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None}),
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}),
+    ],
+)
+def test_openmp_waits_passively_after_a_short_spin_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch, given: dict[str, str], expected: dict[str, str | None]
+) -> None:
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    _openmp_waits()
+    assert {name: os.environ.get(name) for name in expected} == expected
 
 
 def test_close_frees_the_model(stub: tuple[StubLlama, LlamaCppModel]) -> None:

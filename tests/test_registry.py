@@ -280,7 +280,8 @@ def test_bundled_files_match_the_installed_packages() -> None:
 
 def test_importing_the_model_modules_writes_no_environment() -> None:
     env = {k: v for k, v in os.environ.items()
-           if k not in {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_WAIT_POLICY"}}
+           if k not in {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_WAIT_POLICY",
+                         "GOMP_SPINCOUNT"}}
     script = (
         "import os, sys; before = dict(os.environ)\n"
         "import rag.embedding, rag.registry, rag.resources, rag.gate, rag.ingest\n"
