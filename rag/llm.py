@@ -207,9 +207,9 @@ def _openmp_waits() -> None:
     """Called just before ``llama_cpp`` is imported: how llama.cpp's OpenMP workers wait.
 
     They wait at every barrier of every token's graph. Spinning there burns the CPU a partner needs
-    on 2 shared cores (rag bench at load ~4: first token 5.8 s and 0.4 tokens/s with libgomp's
-    default 300,000 spins, 2.8 s and 20 tokens/s passive), while sleeping at once costs a wake-up at
-    each barrier. So the default is passive waiting after a short spin: ``OMP_WAIT_POLICY=PASSIVE``
+    on 2 shared cores (rag bench at load ~4: first token 5.8 s and 0.4 tokens/s with spinning
+    threads, 2.8 s and 20 tokens/s passive), while sleeping at once costs a wake-up at each
+    barrier. So the default is passive waiting after a short spin: ``OMP_WAIT_POLICY=PASSIVE``
     (every OpenMP runtime) and ``GOMP_SPINCOUNT=1000`` (libgomp, the one llama-cpp-python links on
     Linux; 1000 is the spin count libgomp itself falls back to when threads outnumber the cores).
     Measured with the bundled Q4_0 0.5B on the 2 cores (README, Performance, session 21): decode on a
