@@ -646,7 +646,7 @@ def summarise_generation(child: dict[str, Any]) -> dict[str, Any]:
     examined = [r["examine_ms"] for r in runs if r.get("examine_ms") is not None]
     return {
         "omp_wait_policy": child["omp_wait_policy"],
-        "gomp_spincount": child.get("gomp_spincount", "(unset)"),
+        "gomp_spincount": child["gomp_spincount"],
         "ttft_ms_p50": _r(statistics.median(r["ttft_ms"] for r in runs), 1) if runs else None,
         "prefill_ms_p50": _r(statistics.median(r["prefill_ms"] for r in runs), 1) if runs else None,
         "prompt_tokens_p50": statistics.median(r["prompt_tokens"] for r in runs) if runs else None,
@@ -924,7 +924,7 @@ def format_report(report: dict[str, Any]) -> str:
     for name in ("configured", "spinning"):
         if name in g:
             v = g[name]
-            waits = f"OMP_WAIT_POLICY={v['omp_wait_policy']}, GOMP_SPINCOUNT={v.get('gomp_spincount', '(unset)')}"
+            waits = f"OMP_WAIT_POLICY={v['omp_wait_policy']}, GOMP_SPINCOUNT={v['gomp_spincount']}"
             rows.append(("generation", f"{waits}: first token p50 ms, decode tok/s",
                          f"{_fmt(v['ttft_ms_p50'])} ms (prefill {_fmt(v['prefill_ms_p50'])} ms of "
                          f"{_fmt(v['prompt_tokens_p50'])} tokens), {_fmt(v['decode_tokens_per_s_p50'])}"))
