@@ -21,6 +21,7 @@ from rag.errors import RagError
 if TYPE_CHECKING:  # the eval types, for hints only: `rag ingest` must not pay for importing scipy
     from rag.evaluate import Comparison, EvalReport, GateSweep, StrategyTable
     from rag.history import Flip, StoredRun
+    from rag.records import Answer
     from rag.resources import Resources
 
 Handler = Callable[[argparse.Namespace, "Resources"], int]
@@ -979,7 +980,13 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
             streamed = True
     if answer is None:  # pragma: no cover - ask_stream always ends with the Answer
         raise RuntimeError("ask_stream ended without an answer")
-    print() if streamed else print(answer.text)
+    if streamed:
+        print()
+        if answer.status != "answered":  # the decision took back what streamed: say so, then what stands
+            print(f"(taken back: {_taken_back_reason(answer)})")
+            print(answer.text)
+    else:
+        print(answer.text)
     if answer.message and answer.status != "no_answer":
         print(f"({answer.message})")
     for c in answer.citations:
@@ -987,6 +994,16 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     grounded = " grounded" if answer.grounded else ""
     print(f"{answer.status}{grounded}, {answer.timings_ms.get('total', 0):.0f} ms", file=sys.stderr)
     return 0
+
+
+def _taken_back_reason(answer: Answer) -> str:
+    """Why the answer-or-refuse decision (``rag.ask._after_decision``) refused text that had
+    already streamed: its probability against its threshold, from the answer's trace."""
+    decision = answer.trace.get("decision", {})
+    if "after" in decision and "after_threshold" in decision:
+        return (f"the answer-or-refuse decision is not confident it answers the question "
+                f"({decision['after']:.2f} < {decision['after_threshold']:.2f})")
+    return "the final check did not keep it"
 
 
 def _add_ask_parser(sub: Any, handlers: dict[str, Handler]) -> None:

@@ -346,3 +346,28 @@ def test_the_bundled_policy_lets_the_demo_questions_reach_the_model(demo_data: P
         assert off_topic.status == "no_answer" and not off_topic.hits and "decision" not in off_topic.trace  # the gate
     finally:
         conn.close()
+
+
+def test_the_cli_says_when_the_decision_takes_back_an_answer_that_had_streamed(
+    indexed, settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag import cli
+
+    # The verified sentences stream before the after model has read them; it then refuses.
+    store_policy(indexed, settings, before=0.9, after=0.2)
+    llm = FakeLLM("1], the garage closes at 7 pm on weekdays. It is closed on public holidays [1].")
+    monkeypatch.setattr("rag.registry.load_embedder", lambda *a, **k: FakeEmbedder())
+    monkeypatch.setattr("rag.resources.Resources.language_model", lambda self, name=None: llm)
+    monkeypatch.setenv("RAG_DECISION", "auto")  # the CLI reads its settings afresh (conftest: off)
+    assert cli.main(["ask", "When does the garage close?", "--db", str(settings.db_path)]) == 0
+    captured = capsys.readouterr()
+    streamed, note, final = captured.out.strip().splitlines()
+    assert "garage closes at 7 pm" in streamed
+    assert note == "(taken back: the answer-or-refuse decision is not confident it answers the question (0.20 < 0.50))"
+    assert final == decide.not_found_message("en")
+    assert "no_answer" in captured.err
+    # Kept: nothing is taken back, so no note.
+    store_policy(indexed, settings, before=0.9, after=0.9)
+    assert cli.main(["ask", "When does the garage close?", "--db", str(settings.db_path)]) == 0
+    out = capsys.readouterr().out
+    assert "taken back" not in out and out.startswith("According to [1], the garage closes")
