@@ -197,7 +197,13 @@ def groups_for(source: str, acl: AclRules, metadata: dict[str, Any]) -> list[str
         declared = [declared]
     if not isinstance(declared, list) or not all(isinstance(g, str | int) for g in declared):
         raise ExtractionError("the front matter's 'groups:' must be a list of group names (e.g. 'groups: [hr]')")
-    names = [str(g).strip() for g in declared if str(g).strip()]
+    if any(isinstance(g, bool) for g in declared):  # YAML reads yes/no/on/off/true/false as booleans
+        raise ExtractionError("the front matter's 'groups:' holds true or false, not a group name "
+                              "(YAML reads yes, no, on, off, true and false so): quote the name, "
+                              "e.g. 'groups: [\"yes\"]'")
+    # "groups: hr, finance" is one YAML string. A reader's groups are comma-separated (--groups,
+    # citation links), so a name with a comma in it could never be held: split it as they are.
+    names = [part.strip() for g in declared for part in str(g).split(",") if part.strip()]
     if not names:
         raise ExtractionError("the front matter's 'groups:' is empty: name the groups, or write 'groups: [all]' "
                               "to make the document public")

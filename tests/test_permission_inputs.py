@@ -53,6 +53,8 @@ def status_of(conn: store.Connection, settings: Settings, source: str) -> tuple[
         ("---\ngroups: {hr: true}\n---\n", "list of group names"),
         ("---\ngroup: hr\n---\n", "'groups:'"),
         ("---\n- hr\n---\n", "key: value"),
+        ("---\ngroups: [true]\n---\n", "true or false"),  # YAML's boolean, not a name
+        ("---\ngroups: yes\n---\n", "true or false"),
     ],
 )
 def test_unreadable_front_matter_permissions_fail_the_document(
@@ -74,6 +76,19 @@ def test_groups_key_is_read_case_insensitively(conn: store.Connection, settings:
     ingest(conn, [root], settings=settings, embedder=FakeEmbedder())
     assert status_of(conn, settings, "a.md")[:2] == ("ok", ["hr"])
     assert found_by(conn, settings, ("all",)) == [] and found_by(conn, settings, ("hr",)) == ["a.md"]
+
+
+@pytest.mark.parametrize("front_matter", ["groups: hr, finance", "groups: [hr, finance]", "groups: ['hr,finance']"])
+def test_groups_written_with_commas_are_several_groups(
+    conn: store.Connection, settings: Settings, tmp_path: Path, front_matter: str
+) -> None:
+    # "groups: hr, finance" is one YAML string; stored as one group "hr, finance", no reader could hold it.
+    root = tmp_path / "d"
+    write(root, "a.md", f"---\n{front_matter}\n---\n\n# P\n\n{SECRET} is planned.\n")
+    ingest(conn, [root], settings=settings, embedder=FakeEmbedder())
+    assert status_of(conn, settings, "a.md")[:2] == ("ok", ["finance", "hr"])
+    assert found_by(conn, settings, ("hr",)) == ["a.md"] and found_by(conn, settings, ("finance",)) == ["a.md"]
+    assert found_by(conn, settings, ("all",)) == []
 
 
 def test_a_thematic_break_on_line_one_is_not_front_matter(
