@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -416,6 +416,7 @@ def ingest(
     name = collection or settings.collection
     files = discover(paths)
     coll = open_or_create_collection(conn, name, embedder, strategy, settings.strategy)
+    naming = name_warnings(store.document_paths(conn, coll.id), files)
     results, embedded, embed_seconds = ingest_found(
         conn, coll, files, embedder=embedder, settings=settings, acl=acl or AclRules(), retry_failed=retry_failed,
         on_progress=on_progress,
@@ -425,7 +426,39 @@ def ingest(
     warnings = [f"the access map's key {key!r} matches no file under the ingested folders, so it applied "
                 "to nothing (keys are paths relative to the folder, e.g. \"hr/salaries.md\", or globs)"
                 for key in (acl or AclRules()).unmatched(f.source for f in files)]
-    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, warnings)
+    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, naming + warnings)
+
+
+def name_warnings(stored: Mapping[str, str], files: Sequence[FoundFile]) -> list[str]:
+    """What a run does to documents stored from other files, said before it does it.
+
+    A document is known by its name relative to the ingested folder (``discover``), so a second
+    folder holding the same relative name replaces the first folder's document, and a folder
+    ingested alone after it was ingested with others (``rootA/x.md``) stores its files again under
+    their shorter names. Neither is refused: a moved folder (the old file gone) is the common case
+    of the first, and keeping the old name would read the access map with the wrong keys.
+
+    Args:
+        stored: the collection's documents, source name -> the path each was read from.
+        files: this run's files.
+    """
+    by_path: dict[str, str] = {}
+    for source, path in sorted(stored.items()):
+        by_path.setdefault(path, source)
+    warnings = []
+    for found in files:
+        path = str(found.path)
+        old_path = stored.get(found.source)
+        if old_path is not None and old_path != path and Path(old_path).is_file():
+            warnings.append(f"{found.source!r} is now read from {path}; the document stored under that name came "
+                            f"from {old_path}, which still exists and is no longer searched. To keep both, ingest "
+                            "both folders in one run, or into separate collections (--collection)")
+        other = by_path.get(path)
+        if other is not None and other != found.source:
+            warnings.append(f"{path} is already stored as {other!r} (ingested together with other folders) and is "
+                            f"now stored as {found.source!r} too, so searches find it twice: ingest the same "
+                            f"folders together again, or delete one (rag delete {other!r})")
+    return warnings
 
 
 def ingest_found(

@@ -521,6 +521,12 @@ class StoredChunk:
     windows: np.ndarray | None = None  # (n, dimension) vectors of its sentence windows, or None
 
 
+def document_paths(conn: Connection, collection_id: int) -> dict[str, str]:
+    """Each stored document's source name -> the absolute path it was last read from."""
+    rows = conn.execute("SELECT source, path FROM documents WHERE collection_id = ?", (collection_id,))
+    return {row["source"]: row["path"] for row in rows}
+
+
 def find_document(conn: Connection, collection_id: int, source: str) -> Any | None:
     return conn.execute(
         "SELECT * FROM documents WHERE collection_id = ? AND source = ?", (collection_id, source)

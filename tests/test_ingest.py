@@ -280,6 +280,32 @@ def test_moved_folder_updates_paths_so_prune_keeps_its_documents(
     assert all(row["path"].startswith(str(moved.resolve())) for row in store.document_rows(conn))
 
 
+def test_a_moved_folder_warns_of_nothing(conn: store.Connection, settings: Settings, corpus: Path) -> None:
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    moved = corpus.parent / "moved"
+    corpus.rename(moved)
+    assert ingest(conn, [moved], settings=settings, embedder=FakeEmbedder()).warnings == []
+
+
+def test_a_second_folder_with_the_same_names_warns_that_it_replaces_the_first(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    write(tmp_path / "A", "x.md", "# A\n\nFolder A talks about giraffes.\n")
+    write(tmp_path / "B", "x.md", "# B\n\nFolder B talks about zebras.\n")
+    assert ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder()).warnings == []
+    report = ingest(conn, [tmp_path / "B"], settings=settings, embedder=FakeEmbedder())
+    [warning] = report.warnings
+    assert warning.startswith("'x.md' is now read from ") and str((tmp_path / "A" / "x.md").resolve()) in warning
+    assert "no longer searched" in warning
+    # Ingested together, both are kept under their folders' names; ingesting one of them alone
+    # afterwards stores its file a second time, under the shorter name: said too.
+    together = ingest(conn, [tmp_path / "A", tmp_path / "B"], settings=settings, embedder=FakeEmbedder(),
+                      collection="both")
+    assert together.warnings == [] and together.count("ok") == 2
+    [again] = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder(), collection="both").warnings
+    assert "already stored as 'A/x.md'" in again and "now stored as 'x.md' too" in again
+
+
 def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
     conn: store.Connection, settings: Settings, tmp_path: Path, corpus: Path
 ) -> None:
