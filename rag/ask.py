@@ -217,7 +217,7 @@ def _ask_stream(
     if translated is not None:
         trace["translation"] = translated  # also searched as (rag.translate)
     # --- decide, before the model: would answering from these passages be right?
-    policy = collection_policy(conn, collection, settings)
+    policy = collection_policy(conn, collection, settings, generate=generate)
     signals: decide.Signals | None = None
     if kept and policy is not None:
         signals = decision_signals(conn, question, kept, threshold)
@@ -302,19 +302,23 @@ def _examined(answer: Answer, examiner: Examiner | None, timings: dict[str, floa
     return dataclasses.replace(answer, trace={**answer.trace, "lm_logodds": round(logodds, 4)})
 
 
-def collection_policy(conn: store.Connection, collection: str, settings: Settings) -> decide.Policy | None:
-    """The collection's fitted decision (``rag eval --calibrate``), else the bundled one (fitted
-    with the answer examiner's signal when ``settings.answer_examiner`` is on); None when
-    ``settings.decision`` is "off" (the distance gate alone decides, as before)."""
+def collection_policy(
+    conn: store.Connection, collection: str, settings: Settings, *, generate: bool = True
+) -> decide.Policy | None:
+    """The collection's fitted decision (``rag eval answers --calibrate``), else the bundled one:
+    fitted with the answer examiner's signal when ``settings.answer_examiner`` is on, and on
+    answers made without the language model when ``generate`` is False (``decide.policy_kind``);
+    None when ``settings.decision`` is "off" (the distance gate alone decides, as before)."""
     if settings.decision == "off":
         return None
-    stored = store.get_meta(conn, decide.META_KEY + collection)
+    kind = decide.policy_kind(generate, settings.answer_examiner != "off")
+    stored = store.get_meta(conn, decide.meta_key(collection, kind))
     if stored:
         try:
             return decide.Policy.from_json(stored)
         except (ValueError, KeyError):  # fitted by an older version with other features: use the bundled one
             pass
-    return decide.bundled_policy(examined=settings.answer_examiner != "off")
+    return decide.bundled_policy(kind)
 
 
 def decision_signals(conn: store.Connection, question: str, kept: Sequence[Hit], threshold: float) -> decide.Signals:

@@ -439,24 +439,28 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
         print(f"wrote {args.json}", file=sys.stderr)
     print(format_figures(report))
     if args.calibrate:
-        _calibrate_collection(list(report.rows), resources, settings.collection)
+        _calibrate_collection(list(report.rows), resources, settings.collection, generate=not args.no_generate)
     return 0
 
 
-def _calibrate_collection(rows: list[Any], resources: Resources, collection: str) -> None:
-    """Fit the collection's policy on its own rows plus the rows the bundled policy was fitted on
-    (leave-one-corpus-out needs other corpora), store it, and print the calibration report."""
+def _calibrate_collection(rows: list[Any], resources: Resources, collection: str, *, generate: bool) -> None:
+    """Fit the collection's policy on its own rows plus the rows the bundled policy of the same
+    kind was fitted on (leave-one-corpus-out needs other corpora), store it, and print the
+    calibration report. Rows measured without the language model fit the policy ``rag ask
+    --no-generate`` reads (``rag.decide.policy_kind``)."""
     from rag import decide, store
     from rag.evaluate_answers import bundled_rows, calibrate
 
-    examined = resources.settings.answer_examiner != "off"  # the bundled rows measured the same way
-    training = [*rows, *(r for r in bundled_rows(examined) if r.corpus not in {row.corpus for row in rows})]
+    kind = decide.policy_kind(generate, resources.settings.answer_examiner != "off")
+    training = [*rows, *(r for r in bundled_rows(kind) if r.corpus not in {row.corpus for row in rows})]
     policy = calibrate(training, source=collection)
     conn = resources.connect()
     with store.transaction(conn):
-        store.set_meta(conn, decide.META_KEY + collection, policy.to_json())
+        store.set_meta(conn, decide.meta_key(collection, kind), policy.to_json())
     print(format_calibration(policy))
-    print(f"collection {collection!r}: answer-or-refuse decision fitted on {', '.join(policy.before.fitted_on)}")
+    answers = "answers without the language model" if kind == "quotes" else "answers"
+    print(f"collection {collection!r}: answer-or-refuse decision for {answers} fitted on "
+          f"{', '.join(policy.before.fitted_on)}")
 
 
 def format_calibration(policy: Any) -> str:
@@ -481,10 +485,14 @@ def cmd_eval_decision(args: argparse.Namespace, resources: Resources) -> int:
         Path(args.out).write_text(policy.to_json() + "\n", encoding="utf-8")
         print(f"wrote {args.out}", file=sys.stderr)
     if args.store:
+        # rows without a single model reply were measured with --no-generate: that policy's slot
+        generated = any(r.raw or r.model_sentences for r in rows)
+        kind = decide.policy_kind(generated, resources.settings.answer_examiner != "off")
         conn = resources.connect()
         with store.transaction(conn):
-            store.set_meta(conn, decide.META_KEY + resources.settings.collection, policy.to_json())
-        print(f"collection {resources.settings.collection!r}: decision stored")
+            store.set_meta(conn, decide.meta_key(resources.settings.collection, kind), policy.to_json())
+        answers = " (for answers without the language model)" if kind == "quotes" else ""
+        print(f"collection {resources.settings.collection!r}: decision stored{answers}")
     return 0
 
 

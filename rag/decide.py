@@ -345,17 +345,37 @@ def joint_thresholds(
     return best[3], best[4]
 
 
-BUNDLED_POLICIES = {False: "decision_default.json", True: "decision_examiner.json"}
+# What the answer to decide on was made of, which decides the policy that reads it:
+# "model" (the language model wrote or failed, and a quote stood in), "examined" (the same with the
+# answer examiner's log-odds), "quotes" (no language model: `rag ask --no-generate`; its ``after``
+# model saw no model signal, where the "model" policy reads "nothing verified" as a failure).
+POLICY_KINDS = ("model", "examined", "quotes")
+BUNDLED_POLICIES = {"model": "decision_default.json", "examined": "decision_examiner.json",
+                    "quotes": "decision_quotes.json"}
+QUOTES_META_KEY = "decision-quotes:"  # + collection name: its policy for answers without the model
+
+
+def policy_kind(generate: bool, examined: bool) -> str:
+    """The kind of policy (``POLICY_KINDS``) for an answer made with or without the language model."""
+    return "quotes" if not generate else ("examined" if examined else "model")
+
+
+def meta_key(collection: str, kind: str) -> str:
+    """Where a collection's own fitted policy of ``kind`` is stored (the meta table). One slot
+    serves "model" and "examined", as before: ``rag eval answers --calibrate`` fits it with the
+    examiner setting in force."""
+    return (QUOTES_META_KEY if kind == "quotes" else META_KEY) + collection
 
 
 @functools.cache
-def bundled_policy(examined: bool = False) -> Policy | None:
-    """The policy fitted on the project's visible golden sets (``rag/decision_default.json``; with
-    ``examined``, the one fitted with the answer examiner's log-odds, ``rag/decision_examiner.json``),
-    used by a collection that has none of its own; None when the file is absent."""
+def bundled_policy(kind: str = "model") -> Policy | None:
+    """The policy of ``kind`` fitted on the project's visible golden sets (``BUNDLED_POLICIES``:
+    ``rag/decision_default.json``, the one fitted with the answer examiner's log-odds, the one
+    fitted on answers without the language model), used by a collection that has none of its
+    own; None when the file is absent."""
     from importlib import resources
 
-    path = resources.files("rag").joinpath(BUNDLED_POLICIES[examined])
+    path = resources.files("rag").joinpath(BUNDLED_POLICIES[kind])
     if not path.is_file():
         return None
     return Policy.from_json(path.read_text(encoding="utf-8"))
@@ -375,6 +395,8 @@ __all__ = [
     "BUNDLED_POLICIES",
     "FEATURES",
     "MODES",
+    "POLICY_KINDS",
+    "QUOTES_META_KEY",
     "DecisionModel",
     "Example",
     "Policy",
@@ -385,8 +407,10 @@ __all__ = [
     "coverage_risk_curve",
     "fit_decision",
     "fit_policy",
+    "meta_key",
     "not_found_message",
     "outcome_rates",
+    "policy_kind",
     "rare_half",
     "retrieval_only",
     "retrieval_signals",

@@ -366,15 +366,17 @@ def calibrate(rows: Sequence[AnswerRow], source: str, max_bluff: float = 0.10) -
     return dataclasses.replace(policy, report=calibration_report(rows, max_bluff))
 
 
-BUNDLED_ROWS = {False: "decision_rows.json", True: "decision_examiner_rows.json"}
+BUNDLED_ROWS = {"model": "decision_rows.json", "examined": "decision_examiner_rows.json",
+                "quotes": "decision_quotes_rows.json"}
 
 
-def bundled_rows(examined: bool = False) -> list[AnswerRow]:
-    """The rows the bundled policy was fitted on (``rag/decision_rows.json``; with ``examined``,
-    those of the policy fitted with the answer examiner's log-odds; [] when absent)."""
+def bundled_rows(kind: str = "model") -> list[AnswerRow]:
+    """The rows the bundled policy of ``kind`` (``rag.decide.POLICY_KINDS``) was fitted on
+    (``rag/decision_rows.json``, those measured with the answer examiner's log-odds, those of
+    answers without the language model; [] when absent)."""
     from importlib import resources
 
-    path = resources.files("rag").joinpath(BUNDLED_ROWS[examined])
+    path = resources.files("rag").joinpath(BUNDLED_ROWS[kind])
     if not path.is_file():
         return []
     return _rows_from(json.loads(path.read_text(encoding="utf-8")))

@@ -265,13 +265,15 @@ def copy_history(src: store.Connection, dest: store.Connection, collections: Seq
     readers = _reader_ids(src, dest)
     with store.transaction(dest):
         for name in collections:
-            theirs = store.get_meta(src, decide.META_KEY + name)
-            ours = store.get_meta(dest, decide.META_KEY + name)
-            if theirs is not None and ours is None:
-                store.set_meta(dest, decide.META_KEY + name, theirs)
-                decisions += 1
-            elif theirs is not None and ours != theirs:
-                differing.append(name)
+            # each slot once: "model" and "examined" share one (rag.decide.meta_key)
+            for key in dict.fromkeys(decide.meta_key(name, kind) for kind in decide.POLICY_KINDS):
+                theirs = store.get_meta(src, key)
+                ours = store.get_meta(dest, key)
+                if theirs is not None and ours is None:
+                    store.set_meta(dest, key, theirs)
+                    decisions += 1
+                elif theirs is not None and ours != theirs and name not in differing:
+                    differing.append(name)
             copied, skipped = _copy_runs(src, dest, name)
             runs, runs_skipped = runs + copied, runs_skipped + skipped
             copied, skipped, missing = _copy_turns(src, dest, name, readers)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rag import decide, store
-from rag.ask import ask
+from rag.ask import ask, collection_policy, decision_signals
 from rag.config import Settings
 from rag.evaluate_answers import AnswerRow, apply_policy, decision_examples, loco_report, outcome_figures
 from rag.generate import answer_stream, build_messages, focus, lm_verdict, prompt_style, retry_lead, start_generation
@@ -240,6 +240,36 @@ def test_decision_off_leaves_the_gate_alone_in_charge(indexed, settings) -> None
     assert answer.status == "answered" and "decision" not in answer.trace
 
 
+def test_without_the_model_the_quote_is_judged_by_the_policy_fitted_on_quotes(indexed, settings) -> None:
+    # The policy for answers with the model reads "nothing verified" as the model's failure: it
+    # refused nearly every quote of `rag ask --no-generate`, the README's own question included.
+    store_policy(indexed, settings, before=0.9, after=0.2)
+    assert collection_policy(indexed, settings.collection, settings, generate=False) == decide.bundled_policy("quotes")
+    quotes = decide.Policy(constant_model(0.9), constant_model(0.8), source="quotes test")
+    store.set_meta(indexed, decide.meta_key(settings.collection, "quotes"), quotes.to_json())
+    quoted = ask("When does the garage close?", conn=indexed, settings=settings, embedder=FakeEmbedder(),
+                 generate=False)
+    assert quoted.status == "extractive" and quoted.citations
+    decision = quoted.trace["decision"]
+    assert decision["source"] == "quotes test" and decision["after"] == pytest.approx(0.8)
+    with_model = ask_here(indexed, settings, FakeLLM("1], the weather is fine today."))
+    assert with_model.status == "no_answer" and with_model.trace["decision"]["source"] == "test"
+
+
+def test_the_bundled_policy_for_quotes_is_fitted_on_answers_no_model_wrote_and_refits_the_same() -> None:
+    from rag.evaluate_answers import bundled_rows, calibrate
+
+    policy, rows = decide.bundled_policy("quotes"), bundled_rows("quotes")
+    assert policy is not None and policy.source == "bundled" and len(policy.after.fitted_on) >= 2
+    assert {r.corpus for r in rows} == set(policy.after.fitted_on)
+    assert all(r.model_sentences == 0 and r.status != "answered" for r in rows)
+    assert decide.BUNDLED_POLICIES["quotes"] not in {decide.BUNDLED_POLICIES[k] for k in ("model", "examined")}
+    refit = calibrate(rows, source="bundled")  # the shipped file is what its shipped rows give
+    assert refit.before.threshold == pytest.approx(policy.before.threshold)
+    assert refit.after.threshold == pytest.approx(policy.after.threshold)
+    assert refit.after.weights == pytest.approx(policy.after.weights)
+
+
 def test_ask_tries_again_only_where_the_passages_hold_a_word_of_the_question(
     indexed, settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -334,16 +364,37 @@ def test_the_bundled_policy_lets_the_demo_questions_reach_the_model(demo_data: P
     conn = store.open_db(settings.db_path)
     try:
         assert store.get_meta(conn, decide.META_KEY + settings.collection) is None  # the bundled policy applies
+        policy = decide.bundled_policy(decide.policy_kind(True, examiner != "off"))
+        assert policy is not None
         for question in DEMO_QUESTIONS:
-            answer = ask(question, conn=conn, settings=settings, generate=False, resources=resources)
-            decision = answer.trace["decision"]
-            policy = decide.bundled_policy(examined=examiner != "off")
-            assert policy is not None and decision["before_threshold"] == policy.before.threshold
-            # (without the model the quote is judged by the after-stage, which may refuse it: not asked here)
-            assert decision["before"] >= decision["before_threshold"], (question, decision)
+            # the gate's kept passages (no model, no decision), and the first stage's verdict on them as ask() reads it
+            gated = ask(question, conn=conn, settings=settings.replace(decision="off"), generate=False,
+                        resources=resources)
+            signals = decision_signals(conn, question, gated.hits, gated.trace["threshold"])
+            before = policy.before.probability(decide.retrieval_only(signals))
+            assert before >= policy.before.threshold, (question, before, policy.before.threshold)
         off_topic = ask("What is the best recipe for a chocolate soufflé?", conn=conn, settings=settings,
                         generate=False, resources=resources)
         assert off_topic.status == "no_answer" and not off_topic.hits and "decision" not in off_topic.trace  # the gate
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_without_the_model_the_readme_questions_get_a_quote_on_the_demo(demo_data: Path) -> None:
+    # Judged by the policy fitted for answers with the model, every quote of `rag ask --no-generate`
+    # read as "the model wrote nothing verifiable" and the README's own question was refused.
+    from rag.config import load_settings
+    from rag.resources import Resources
+
+    settings = load_settings(db_path=demo_data / "rag.db").replace(decision="auto")
+    resources = Resources(settings)
+    conn = store.open_db(settings.db_path)
+    try:
+        for question in ("How do I start the app on another port?", "Làm sao để chạy ứng dụng trên cổng khác?"):
+            answer = ask(question, conn=conn, settings=settings, generate=False, resources=resources)
+            assert answer.status == "extractive" and answer.citations, (question, answer.trace.get("decision"))
+            assert answer.trace["decision"]["after_threshold"] == decide.bundled_policy("quotes").after.threshold
     finally:
         conn.close()
 

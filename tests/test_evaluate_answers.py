@@ -94,6 +94,26 @@ def test_cli_eval_answers_prints_the_figures(
     assert saved["language_model"] == "none (extractive)" and len(saved["rows"]) == 2
 
 
+@pytest.mark.parametrize("no_generate", [True, False])
+def test_calibrating_stores_the_policy_of_the_way_the_answers_were_made(
+    setup: tuple[store.Connection, Settings, Path], db_path: Path, capsys: pytest.CaptureFixture[str],
+    no_generate: bool,
+) -> None:
+    from rag import decide
+
+    conn, settings, golden = setup
+    flag = ["--no-generate"] if no_generate else []
+    assert cli.main(["eval", "answers", "--db", str(db_path), "--golden", str(golden), "--calibrate", *flag]) == 0
+    assert ("without the language model" in capsys.readouterr().out) == no_generate
+    quotes = store.get_meta(conn, decide.meta_key(settings.collection, "quotes"))
+    model = store.get_meta(conn, decide.meta_key(settings.collection, "model"))
+    stored, untouched = (quotes, model) if no_generate else (model, quotes)
+    assert stored is not None and untouched is None
+    policy = decide.Policy.from_json(stored)
+    kind = "quotes" if no_generate else "model"  # the bundled rows of the same kind join the collection's own
+    assert set(policy.before.fitted_on) == {"golden", *decide.bundled_policy(kind).before.fitted_on}
+
+
 def test_unsupported_model_sentences_are_counted_from_the_trace(
     setup: tuple[store.Connection, Settings, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -105,9 +105,10 @@ def test_without_an_examiner_no_second_model_is_asked_and_with_the_decision_off_
 
 
 def test_the_examiner_setting_picks_the_bundled_policy_and_rows_fitted_with_it() -> None:
-    assert decide.BUNDLED_POLICIES[True] != decide.BUNDLED_POLICIES[False]
-    assert BUNDLED_ROWS[True] != BUNDLED_ROWS[False]
-    policy, rows = decide.bundled_policy(examined=True), bundled_rows(examined=True)
+    assert decide.BUNDLED_POLICIES["examined"] != decide.BUNDLED_POLICIES["model"]
+    assert BUNDLED_ROWS["examined"] != BUNDLED_ROWS["model"]
+    assert decide.policy_kind(generate=True, examined=True) == "examined"
+    policy, rows = decide.bundled_policy("examined"), bundled_rows("examined")
     assert policy is not None and len(policy.after.fitted_on) >= 2 and set(policy.report["corpora"]) == set(
         policy.after.fitted_on)
     # fitted on rows that carry the examiner's log-odds, and a "yes" raises the probability to answer

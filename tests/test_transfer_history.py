@@ -30,6 +30,7 @@ def source(tmp_path: Path) -> Any:
     for commit in ("abc123", "def456"):
         history.save_run(conn, run(conn, golden, settings, commit=commit))
     store.set_meta(conn, decide.META_KEY + "default", '{"fitted": "on this collection"}')
+    store.set_meta(conn, decide.meta_key("default", "quotes"), '{"fitted": "on its quotes"}')
     alice = auth.add_user(conn, "alice", "alice-password", groups=["hr"])
     auth.add_user(conn, "bob", "bob-password")
     answer = Answer(status="answered", question="How much leave?", text="25 days [1].")
@@ -51,8 +52,9 @@ def test_history_travels_with_its_collection_and_readers(source: Any, backend_db
         transfer.copy_collections(source, dest)
         auth.copy_team(source, dest)
         copied = transfer.copy_history(source, dest, ["default"])
-        assert (copied.decisions_copied, copied.runs_copied, copied.turns_copied) == (1, 2, 3) and copied.verified
+        assert (copied.decisions_copied, copied.runs_copied, copied.turns_copied) == (2, 2, 3) and copied.verified
         assert store.get_meta(dest, decide.META_KEY + "default") == '{"fitted": "on this collection"}'
+        assert store.get_meta(dest, decide.meta_key("default", "quotes")) == '{"fitted": "on its quotes"}'
         assert _runs(dest) == _runs(source)
         newest = history.list_runs(dest, golden_name="golden_test")[0].id
         theirs = history.list_runs(source, golden_name="golden_test")[0].id
@@ -82,7 +84,8 @@ def test_a_decision_fitted_in_the_destination_is_kept_and_a_reader_it_lacks_is_r
         transfer.copy_collections(source, dest)
         store.set_meta(dest, decide.META_KEY + "default", '{"fitted": "there"}')
         copied = transfer.copy_history(source, dest, ["default"])  # no users copied: alice is unknown there
-        assert copied.decisions_differing == ["default"] and copied.decisions_copied == 0
+        # DEST's own decision for answers with the model stays; the one for quotes it lacked is copied
+        assert copied.decisions_differing == ["default"] and copied.decisions_copied == 1
         assert store.get_meta(dest, decide.META_KEY + "default") == '{"fitted": "there"}'
         assert (copied.turns_copied, copied.turns_without_reader, copied.verified) == (1, 2, False)
         desk_turns = dest.execute("SELECT count(*) FROM chat_turns WHERE user_id IS NULL").fetchone()[0]
@@ -95,7 +98,7 @@ def test_cli_migrate_reports_the_history(source: Any, tmp_path: Path, capsys: py
     source.close()
     src, dest = str(tmp_path / "src.db"), str(tmp_path / "dest.db")
     assert main(["migrate", src, dest]) == 0
-    assert ("fitted decisions: 1 copied; evaluation runs: 2 copied, 0 already there; chat turns: 3 copied, "
+    assert ("fitted decisions: 2 copied; evaluation runs: 2 copied, 0 already there; chat turns: 3 copied, "
             "0 already there") in capsys.readouterr().out
     assert main(["migrate", src, str(tmp_path / "plain.db"), "--no-users"]) == 0  # asked for: told, not failed
     assert "2 NOT copied (their readers are not users of the destination" in capsys.readouterr().out
