@@ -109,7 +109,8 @@ def content_hash(bytes_hash: str, embedder_id: str, pipeline: str, extractor: st
 
 @dataclass(frozen=True, slots=True)
 class AclRules:
-    """``{"path or glob": [groups]}``: an exact path wins, else the union of matching globs."""
+    """``{"path, folder or glob": [groups]}``: an exact path wins, else the union of the folders
+    and globs that match."""
 
     rules: dict[str, list[str]] = field(default_factory=dict)
 
@@ -129,9 +130,13 @@ class AclRules:
 
 
 def _matches(pattern: str, source: str) -> bool:
-    return any(ch in pattern for ch in "*?[") and (
-        fnmatch.fnmatchcase(source, pattern) or PurePosixPath(source).match(pattern)
-    )
+    """A glob matches as ``fnmatch`` or ``PurePosixPath.match`` does; any other key names a folder
+    too ("hr" or "hr/": every file under it). Written for a folder, a key used to match nothing,
+    and the folder's files were ingested public behind a warning."""
+    if any(ch in pattern for ch in "*?["):
+        return fnmatch.fnmatchcase(source, pattern) or PurePosixPath(source).match(pattern)
+    folder = pattern.rstrip("/")
+    return bool(folder) and source.startswith(folder + "/")
 
 
 def _acl_key(key: str) -> str:
@@ -424,7 +429,8 @@ def ingest(
     if prune:
         results.extend(prune_missing(conn, coll))
     warnings = [f"the access map's key {key!r} matches no file under the ingested folders, so it applied "
-                "to nothing (keys are paths relative to the folder, e.g. \"hr/salaries.md\", or globs)"
+                "to nothing (keys are paths relative to the folder, e.g. \"hr/salaries.md\", folders, e.g. \"hr/\", "
+                "or globs)"
                 for key in (acl or AclRules()).unmatched(f.source for f in files)]
     return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, naming + warnings)
 

@@ -178,6 +178,16 @@ def test_acl_rules_exact_path_wins_and_globs_union() -> None:
     assert rules.groups_for("public.md") is None
 
 
+def test_an_acl_key_naming_a_folder_covers_every_file_under_it() -> None:
+    rules = AclRules({"hr": ["hr"], "legal/": ["legal"], "hr/pay.md": ["payroll"], "**/secret*": ["admin"]})
+    assert rules.groups_for("hr/leave.md") == ["hr"] and rules.groups_for("hr/2024/bands.md") == ["hr"]
+    assert rules.groups_for("legal/contract.pdf") == ["legal"]
+    assert rules.groups_for("hr/pay.md") == ["payroll"]  # an exact path still wins
+    assert rules.groups_for("hr/secret-plan.md") == ["admin", "hr"]  # the union with the globs
+    assert rules.groups_for("hrx/a.md") is None and rules.groups_for("legal.md") is None  # a prefix is not a folder
+    assert rules.unmatched(["hr/leave.md", "legal/contract.pdf"]) == ["hr/pay.md", "**/secret*"]
+
+
 def test_load_acl_rejects_malformed_maps(tmp_path: Path) -> None:
     bad = write(tmp_path, "acl.json", json.dumps({"a.md": "hr"}))
     with pytest.raises(RagError, match="JSON object"):
