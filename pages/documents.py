@@ -105,7 +105,7 @@ with ui.frame("upload") as view:
                     ui.flash("info", note)
                 report = ingest(
                     view.conn, paths, settings=settings, embedder=model, collection=target,
-                    retry_failed=True, on_progress=progress_callback("Ingest"),
+                    retry_failed=True, on_progress=progress_callback("Ingest"), writer=view.scope,
                 )
                 ui.report_messages(report)
                 view.audit("ingest", {"collection": target, "from": "upload" if upload_clicked else "folder",

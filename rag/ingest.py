@@ -406,6 +406,7 @@ def ingest(
     prune: bool = False,
     retry_failed: bool = False,
     on_progress: ProgressFn | None = None,
+    writer: Sequence[str] | None = None,
 ) -> IngestReport:
     """Bring a collection up to date with the files under ``paths``.
 
@@ -414,6 +415,9 @@ def ingest(
             for a new collection). Changing it re-processes every document.
         prune: delete documents whose files no longer exist.
         retry_failed: re-attempt documents that failed before even if their bytes are unchanged.
+        writer: the groups of the person ingesting (team mode's editor on the Documents page);
+            a file named like a stored document they may not read fails alone and leaves that
+            document as it is, and prune spares such documents. None: the operator (every document).
     """
     if strategy is not None and strategy not in chunking.STRATEGIES:
         raise RagError(f"unknown strategy {strategy!r}; choose one of {', '.join(chunking.STRATEGIES)}")
@@ -421,13 +425,15 @@ def ingest(
     name = collection or settings.collection
     files = discover(paths)
     coll = open_or_create_collection(conn, name, embedder, strategy, settings.strategy)
+    results, files = _refuse_hidden(conn, coll, files, writer)
     naming = name_warnings(store.document_paths(conn, coll.id), files)
-    results, embedded, embed_seconds = ingest_found(
+    found_results, embedded, embed_seconds = ingest_found(
         conn, coll, files, embedder=embedder, settings=settings, acl=acl or AclRules(), retry_failed=retry_failed,
         on_progress=on_progress,
     )
+    results.extend(found_results)
     if prune:
-        results.extend(prune_missing(conn, coll))
+        results.extend(prune_missing(conn, coll, writer))
     warnings = [f"the access map's key {key!r} matches no file under the ingested folders, so it applied "
                 "to nothing (keys are paths relative to the folder, e.g. \"hr/salaries.md\", folders, e.g. \"hr/\", "
                 "or globs)"
@@ -577,9 +583,35 @@ def _refresh_groups(conn: store.Connection, coll: Collection, row: Any, source: 
     return FileResult(source, "unchanged", row["chunk_count"])
 
 
-def prune_missing(conn: store.Connection, coll: Collection) -> list[FileResult]:
+def _refuse_hidden(
+    conn: store.Connection, coll: Collection, files: Sequence[FoundFile], writer: Sequence[str] | None
+) -> tuple[list[FileResult], list[FoundFile]]:
+    """Split ``files`` into the failures of those named like a stored document ``writer`` may not
+    read (untouched: an editor's upload must not replace, nor make public, what hr alone may
+    read) and the files to ingest. The reason says a document holds the name, not what it is."""
+    if writer is None:
+        return [], list(files)
+    visible = set(store.visible_access_keys(conn, writer))
+    refused: list[FileResult] = []
+    kept: list[FoundFile] = []
+    for found in files:
+        row = store.find_document(conn, coll.id, found.source)
+        if row is not None and row["access_key"] not in visible:
+            refused.append(FileResult(found.source, "failed", error=(
+                "a document you may not read is stored under this name; rename the file, or ask an "
+                "administrator")))
+        else:
+            kept.append(found)
+    return refused, kept
+
+
+def prune_missing(conn: store.Connection, coll: Collection, writer: Sequence[str] | None = None) -> list[FileResult]:
+    """Delete the documents whose files no longer exist (with ``writer``, only those they may read)."""
+    visible = None if writer is None else set(store.visible_access_keys(conn, writer))
     pruned = []
     for row in store.document_rows(conn, coll.name):
+        if visible is not None and row["access_key"] not in visible:
+            continue
         if not Path(row["path"]).exists():
             store.delete_document(conn, row["id"])
             pruned.append(FileResult(row["source"], "pruned"))

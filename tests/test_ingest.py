@@ -316,6 +316,25 @@ def test_a_second_folder_with_the_same_names_warns_that_it_replaces_the_first(
     assert "already stored as 'A/x.md'" in again and "now stored as 'x.md' too" in again
 
 
+def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    write(tmp_path / "A", "pay.md", "---\ngroups: [hr]\n---\n# Pay\n\nSalary bands are secret.\n")
+    write(tmp_path / "A", "gone.md", "---\ngroups: [hr]\n---\n# Gone\n\nAn hr page whose file goes.\n")
+    ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    (tmp_path / "A" / "gone.md").unlink()
+    before = {r["source"]: r["content_hash"] for r in store.document_rows(conn)}
+    write(tmp_path / "B", "pay.md", "# Pay\n\nEveryone may read this now.\n")
+    write(tmp_path / "B", "new.md", "# New\n\nA new page.\n")
+    report = ingest(conn, [tmp_path / "B"], settings=settings, embedder=FakeEmbedder(), writer=["eng"], prune=True)
+    assert [(r.source, r.status) for r in report.results] == [("pay.md", "failed"), ("new.md", "ok")]
+    assert "may not read" in (report.results[0].error or "")
+    after = {r["source"]: r["content_hash"] for r in store.document_rows(conn)}
+    assert after == {**before, "new.md": after["new.md"]}  # pay.md untouched, gone.md not pruned by eng
+    hr = ingest(conn, [tmp_path / "B"], settings=settings, embedder=FakeEmbedder(), writer=["hr"], prune=True)
+    assert ("pay.md", "ok") in [(r.source, r.status) for r in hr.results] and hr.count("pruned") == 1
+
+
 def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
     conn: store.Connection, settings: Settings, tmp_path: Path, corpus: Path
 ) -> None:

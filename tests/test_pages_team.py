@@ -288,6 +288,33 @@ def test_an_editor_uploads_into_the_collection_but_cannot_delete_or_create_one(t
     assert len(table) == 14
 
 
+def test_an_editor_cannot_replace_a_document_they_may_not_read_by_uploading_its_name(team_db: Path | str) -> None:
+    # The upload used to replace admin-operations.md (admin only) with eddie's text, made public.
+    before = store.open_db(team_db)
+    try:
+        [row] = [r for r in store.document_rows(before) if r["source"] == "admin-operations.md"]
+    finally:
+        before.close()
+    at = signed_in("app.py", "eddie")
+    at.switch_page("pages/documents.py").run()
+    at.file_uploader[0].set_value([
+        ("admin-operations.md", b"# Ops\n\nEddie's own text, for everyone.\n", "text/markdown"),
+        ("vpn.md", b"# VPN\n\nThe VPN gateway is vpn-gw-7 and it needs the token app.\n", "text/markdown"),
+    ]).run()
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "a document you may not read is stored under this name" in texts(at)
+    after = store.open_db(team_db)
+    try:
+        [same] = [r for r in store.document_rows(after) if r["source"] == "admin-operations.md"]
+        assert (same["content_hash"], same["groups"], same["chunk_count"]) == (
+            row["content_hash"], row["groups"], row["chunk_count"])
+        assert "vpn.md" in {r["source"] for r in store.document_rows(after)}  # the other file is indexed
+    finally:
+        after.close()
+    assert "admin-operations.md" not in set(at.dataframe[0].value["document"])
+
+
 def test_an_admin_deletes_a_document_and_the_log_says_who(team_db: Path | str) -> None:
     at = signed_in("app.py", "ada")
     at.switch_page("pages/documents.py").run()
