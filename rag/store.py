@@ -582,15 +582,16 @@ def replace_document(
             )
             document_id = int(old["id"])
         else:
-            cursor = conn.execute(
-                """INSERT INTO documents (collection_id, source, path, title, groups, access_key, content_hash,
+            document_id = _new_document_id(conn)
+            conn.execute(
+                """INSERT INTO documents (id, collection_id, source, path, title, groups, access_key, content_hash,
                    bytes_hash, canonical_text, extractor, extractor_version, status, embedder, dimension,
                    pipeline_version)
-                   VALUES (:collection_id, :source, :path, :title, :groups, :key, :content_hash, :bytes_hash,
+                   VALUES (:id, :collection_id, :source, :path, :title, :groups, :key, :content_hash, :bytes_hash,
                    :text, :extractor, :extractor_version, 'pending', :embedder, :dimension, :pipeline_version)""",
-                _version_params(version, key) | {"collection_id": collection.id, "source": version.source},
+                _version_params(version, key) | {"id": document_id, "collection_id": collection.id,
+                                                 "source": version.source},
             )
-            document_id = int(cursor.lastrowid)
         for stored in chunks:
             c = stored.chunk
             cursor = conn.execute(
@@ -671,12 +672,37 @@ def record_failure(
             if old["access_key"] != key:
                 _set_document_access(conn, collection, int(old["id"]), shown, key)
             return int(old["id"])
-        cursor = conn.execute(
-            """INSERT INTO documents (collection_id, source, path, groups, access_key, content_hash, bytes_hash,
-               status, error) VALUES (?, ?, ?, ?, ?, ?, ?, 'failed', ?)""",
-            (collection.id, source, path, shown, key, content_hash, bytes_hash, error),
+        values = (collection.id, source, path, shown, key, content_hash, bytes_hash, error)
+        if is_postgres(conn):  # an identity column: it never gives a number twice
+            cursor = conn.execute(
+                """INSERT INTO documents (collection_id, source, path, groups, access_key, content_hash, bytes_hash,
+                   status, error) VALUES (?, ?, ?, ?, ?, ?, ?, 'failed', ?)""", values)
+            return int(cursor.lastrowid)
+        document_id = _new_document_id(conn)
+        conn.execute(
+            """INSERT INTO documents (id, collection_id, source, path, groups, access_key, content_hash, bytes_hash,
+               status, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'failed', ?)""",
+            (document_id, *values),
         )
-        return int(cursor.lastrowid)
+        return document_id
+
+
+_LAST_DOCUMENT_ID = "documents:last_id"  # the meta key of the highest document id ever given (SQLite)
+
+
+def _new_document_id(conn: Connection) -> int:
+    """The id of a new SQLite document: above every id given before, deleted ones included.
+
+    A rowid table without AUTOINCREMENT gives a new row the largest id + 1, so a document added
+    after the newest one was deleted took its id, and a citation link to the deleted document
+    (``?document=ID``) opened the new one. Rebuilding the table with AUTOINCREMENT would rewrite
+    every database; a high-water mark in ``meta`` does the same (PostgreSQL's identity column
+    never reuses a number). Call it inside the insert's transaction.
+    """
+    top = int(conn.execute("SELECT coalesce(max(id), 0) FROM documents").fetchone()[0])
+    document_id = max(top, int(get_meta(conn, _LAST_DOCUMENT_ID) or 0)) + 1
+    set_meta(conn, _LAST_DOCUMENT_ID, str(document_id))
+    return document_id
 
 
 def update_document_groups(conn: Connection, collection: Collection, document_id: int, groups: Sequence[str]) -> None:

@@ -335,6 +335,25 @@ def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     assert ("pay.md", "ok") in [(r.source, r.status) for r in hr.results] and hr.count("pruned") == 1
 
 
+def test_a_deleted_documents_id_is_never_given_again(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    # A citation link names its document by id: a new document that took a deleted one's id made
+    # an old answer's [1] open an unrelated page.
+    write(tmp_path / "A", "a.md", "# A\n\nFirst page.\n")
+    write(tmp_path / "A", "z.md", "# Z\n\nThe zebra protocol listens on port 7777.\n")
+    ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    ids = {r["source"]: r["id"] for r in store.document_rows(conn)}
+    newest = max(ids.values())
+    store.delete_document(conn, newest)
+    write(tmp_path / "B", "soup.md", "# Soup\n\nA soup recipe.\n")
+    write(tmp_path / "B", "broken.txt", b"\xc3\x28 not utf-8")  # a failed document takes an id too
+    ingest(conn, [tmp_path / "B"], settings=settings, embedder=FakeEmbedder(), collection="second")
+    added = {r["source"]: r["id"] for r in store.document_rows(conn, "second")}
+    assert set(added) == {"soup.md", "broken.txt"} and min(added.values()) > newest
+    assert len({*ids.values(), *added.values()}) == 4
+
+
 def test_choose_embedder_auto_picks_e5_for_vietnamese_and_keeps_existing_models(
     conn: store.Connection, settings: Settings, tmp_path: Path, corpus: Path
 ) -> None:
