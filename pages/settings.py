@@ -70,6 +70,8 @@ with ui.frame("manage_settings") as view:
     if saved:
         try:
             view.require("manage_settings")
+            if picked == "a GGUF file" and not llm_path:
+                raise RagError("name the GGUF file to use (or choose a listed language model)")
             changes = {"embedder": embedder, "llm_path": llm_path.strip(), "answer_examiner": examiner,
                        "answer_retry": bool(retry), "rewrite": rewrite,
                        "max_distance": round(float(default_threshold), 4)}

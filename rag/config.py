@@ -335,6 +335,24 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a TOML basic string
 
 
+def _check_language_models(values: dict[str, Any]) -> None:
+    """The language models named by settings about to be saved exist: a registered name
+    ("qwen-0.5b", "gemma") or a GGUF file. Saved unchecked, a typo failed every question after."""
+    from rag import registry  # here: loading settings must not import the model registry
+
+    named = {"llm_path": values.get("llm_path", ""), "answer_examiner": values.get("answer_examiner", "off")}
+    for key, name in named.items():
+        if not name or (key == "answer_examiner" and name == "off"):
+            continue
+        looks_like_path = "/" in name or "\\" in name or name.lower().endswith(".gguf")
+        if looks_like_path and not Path(name).expanduser().is_file():
+            raise RagError(f"{key}: no GGUF model file at {name}")
+        try:
+            registry.resolve(registry.LANGUAGE_MODEL, name)
+        except RagError as e:
+            raise RagError(f"{key}: {e}") from e
+
+
 def write_settings(changes: dict[str, Any], path: Path | None = None) -> Path:
     """Merge ``changes`` into the settings file and write it, once the result is known to be valid.
 
@@ -365,11 +383,7 @@ def write_settings(changes: dict[str, Any], path: Path | None = None) -> Path:
             current[key] = value
     coerced = {key: _coerce(key, raw, str(path)) for key, raw in current.items() if key in _FIELDS}
     validate(Settings(**coerced))
-    llm_path = coerced.get("llm_path", "")
-    # A registered name ("qwen-0.5b", "gemma"; rag.registry checks it when the model loads) or a path.
-    looks_like_path = "/" in llm_path or "\\" in llm_path or llm_path.lower().endswith(".gguf")
-    if llm_path and looks_like_path and not Path(llm_path).expanduser().is_file():
-        raise RagError(f"llm_path: no GGUF model file at {llm_path}")
+    _check_language_models(coerced)
     lines = ["# rag-desk settings (written by the Settings page; see docs/guide/configuration.md)"]
     lines += [f"{key} = {_toml_value(coerced[key])}" for key in _FIELDS if key in coerced]
     try:

@@ -21,6 +21,11 @@ def test_written_settings_are_read_back_and_others_are_kept(data_dir: Path) -> N
     assert load_settings().rewrite == "rules" and "rewrite" not in path.read_text(encoding="utf-8")
 
 
+def test_registered_language_models_are_saved_by_name(data_dir: Path) -> None:
+    write_settings({"llm_path": "gemma", "answer_examiner": "qwen-1.5b"})
+    assert (load_settings().llm_path, load_settings().answer_examiner) == ("gemma", "qwen-1.5b")
+
+
 def test_strings_with_quotes_and_backslashes_survive(data_dir: Path, tmp_path: Path) -> None:
     model = tmp_path / 'my "best" \\ model.gguf'
     model.write_bytes(b"GGUF")
@@ -39,6 +44,8 @@ def test_strings_with_quotes_and_backslashes_survive(data_dir: Path, tmp_path: P
     ({"top_k": "many"}, "top_k must be a whole number"),
     ({"colour": "blue"}, "unknown setting 'colour'"),
     ({"llm_path": "/nowhere/model.gguf"}, "no GGUF model file"),
+    ({"llm_path": "my-own-model"}, "llm_path: unknown language model 'my-own-model'"),  # failed every question after
+    ({"answer_examiner": "qwen-9b"}, "answer_examiner: unknown language model 'qwen-9b'"),
 ])
 def test_an_invalid_change_writes_nothing(data_dir: Path, changes: dict[str, object], message: str) -> None:
     write_settings({"max_distance": 0.6})

@@ -984,6 +984,10 @@ def test_settings_page_saves_a_validated_file(guide_db: Path, data_dir: Path) ->
     at.button(key="FormSubmitter:settings-Save settings").click().run()
     assert "no GGUF model file at /nowhere/model.gguf" in texts(at)
     assert load_settings().llm_path == "gemma"  # nothing written
+    at.radio[1].set_value("a GGUF file")  # and no file: it saved the default model and said "Saved"
+    at.text_input[0].input("")
+    at.button(key="FormSubmitter:settings-Save settings").click().run()
+    assert "name the GGUF file to use" in texts(at) and load_settings().llm_path == "gemma"
 
 
 def test_settings_page_lists_the_model_files_and_deletes_what_nothing_loads(guide_db: Path) -> None:
