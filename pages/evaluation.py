@@ -94,6 +94,7 @@ with ui.frame("run_eval") as view:
         try:
             report = history.load_report(view.conn, run_id)
             flipped = history.run_flips(view.conn, run_id, k=8)
+            flips_note = history.flips_note(view.conn, run_id, k=8)
         except RagError as e:
             ui.stop_on(e)
         gate = report.gate
@@ -123,6 +124,8 @@ with ui.frame("run_eval") as view:
                     "current threshold, and R@8 flips since the previous run on the same golden set")
         if flipped:
             st.caption(f"{len(flipped)} flip(s) since the previous run.")
+        elif flips_note:
+            st.caption(flips_note + ".")
         st.dataframe(ui.per_query_frame(report, flipped), hide_index=True)
 
     # --- the answer-or-refuse decision -------------------------------------------------------------

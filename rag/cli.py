@@ -578,6 +578,9 @@ def cmd_eval_history(args: argparse.Namespace, resources: Resources) -> int:
     for f in history.run_flips(conn, runs[0].id, k=args.k):
         print(f"run {runs[0].id} vs previous: {f.query} {f.stage} R@{args.k} {f.change} "
               f"(rank {f.before} -> {f.after})")
+    note = history.flips_note(conn, runs[0].id, k=args.k)
+    if note:
+        print(note)
     return 0
 
 

@@ -198,12 +198,34 @@ def previous_run(conn: store.Connection, run_id: int) -> int | None:
     return None if found is None else int(found["id"])
 
 
+def unmeasured_flips(before: EvalReport, after: EvalReport, k: int) -> str:
+    """Why R@k flips between two runs cannot be told ("" when they can): a run that retrieved
+    fewer than ``k`` hits per query (``rag eval -k 1``) records "not found" for a passage it
+    never looked that far for."""
+    shallow = [f"#{r.config.run_id}" if r.config.run_id is not None else "one run" for r in (before, after)
+               if r.config.depth < k]
+    if not shallow:
+        return ""
+    return f"R@{k} flips are not shown: run {' and '.join(shallow)} retrieved fewer than {k} hits per query"
+
+
+def flips_note(conn: store.Connection, run_id: int, k: int = 8) -> str:
+    """``unmeasured_flips`` for a stored run and the one before it ("" without one)."""
+    before_id = previous_run(conn, run_id)
+    if before_id is None:
+        return ""
+    return unmeasured_flips(load_report(conn, before_id), load_report(conn, run_id), k)
+
+
 def run_flips(conn: store.Connection, run_id: int, k: int = 8, previous: int | None = None) -> list[Flip]:
-    """Queries whose hit-rate@k (R@k) outcome changed since the previous run (or ``previous``), per stage."""
+    """Queries whose hit-rate@k (R@k) outcome changed since the previous run (or ``previous``), per
+    stage; none when either run retrieved fewer than ``k`` hits (``unmeasured_flips``)."""
     before_id = previous if previous is not None else previous_run(conn, run_id)
     if before_id is None:
         return []
     before, after = load_report(conn, before_id), load_report(conn, run_id)
+    if unmeasured_flips(before, after, k):
+        return []
     out: list[Flip] = []
     for stage in after.stages:
         if stage not in before.stages:

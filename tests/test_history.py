@@ -36,6 +36,21 @@ def built(conn: Any, fake_embedder: FakeEmbedder) -> Any:
     return conn
 
 
+def test_no_flips_against_a_run_that_did_not_look_k_deep(built: Any, golden: Golden, settings: Settings) -> None:
+    # A run with -k 1 retrieves max(1, max_sources) hits: "not found" at 8 there means not looked for.
+    first_id = history.save_run(built, run(built, golden, settings))
+    worse = dict(SCRIPT)
+    worse[("How much leave after five years?", "dense")] = [("leave.md", 0, 0.3)]
+    shallow = run(built, golden, settings.replace(max_sources=4), ScriptedSearch(worse), ks=[1])
+    assert shallow.config.depth == 4
+    shallow_id = history.save_run(built, shallow)
+    assert history.run_flips(built, shallow_id, k=8) == []
+    assert history.flips_note(built, shallow_id, k=8) == (
+        f"R@8 flips are not shown: run #{shallow_id} retrieved fewer than 8 hits per query")
+    assert history.flips_note(built, first_id, k=8) == ""  # no run before it
+    assert history.run_flips(built, shallow_id, k=4) == [Flip("G1/q", "dense", "lost", 2, None)]  # 4 deep: told
+
+
 def test_history_round_trip_and_flips(built: Any, golden: Golden, settings: Settings) -> None:
     first = run(built, golden, settings, commit="abc123")
     first_id = history.save_run(built, first)
