@@ -347,10 +347,13 @@ def show_flash() -> None:
 
 
 def report_messages(report: IngestReport) -> None:
-    """Queue an ingest report: the one-line summary and one error per failed file."""
+    """Queue an ingest report: the one-line summary, one error per failed file, and its warnings
+    (a file that replaced a document stored from another file, an access-map key matching nothing)."""
     flash("error" if report.failed else "success", report.summary())
     for failed in report.failed:
         flash("error", f"**{failed.source}** failed: {failed.error}")
+    for warning in report.warnings:
+        flash("warning", warning)
 
 
 # ---------------------------------------------------------------------------------------------

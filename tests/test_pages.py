@@ -225,6 +225,16 @@ def test_documents_page_indexes_uploads_and_refuses_unsupported_types(guide_db: 
     assert at.button[0].disabled
 
 
+def test_documents_page_warns_when_an_upload_replaces_a_document_of_the_same_name(guide_db: Path) -> None:
+    # Uploads are stored under their bare names: models.md replaced the guide's page with a "1 indexed".
+    at = run_page("pages/documents.py")
+    at.file_uploader[0].set_value([("models.md", b"# Totally different\n\nAnother text.\n", "text/markdown")]).run()
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    [warning] = [w.value for w in at.warning]
+    assert warning.startswith("'models.md' is now read from ") and "no longer searched" in warning
+
+
 def test_documents_page_retries_failed_documents_and_reports_why_they_still_fail(guide_db: Path) -> None:
     at = run_page("pages/documents.py")
     at.button[2].click().run()  # "Retry failed (1)": empty.md is still empty
