@@ -1013,6 +1013,14 @@ def cmd_audit(args: argparse.Namespace, resources: Resources) -> int:
     return handler(args, resources)
 
 
+def _check_cut_options(size: int | None, budget: int | None) -> None:
+    """Refuse a `rag audit cuts` size or budget the chunker cannot cut with, before a model loads."""
+    if size is not None and size < 2:
+        raise RagError(f"--size must be at least 2 characters (got {size})")
+    if budget is not None and budget < 0:
+        raise RagError(f"--budget must be 0 (the embedder's default budget) or a number of tokens (got {budget})")
+
+
 def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
     from rag.audit import audit_cuts, describe_cut
     from rag.chunking import default_budget
@@ -1020,6 +1028,7 @@ def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
     from rag.ingest import embedder_for_files
 
     settings = resources.settings
+    _check_cut_options(args.size, args.budget)
     path = Path(args.file)
     if not path.is_file():
         raise RagError(f"no such file: {args.file}")
@@ -1028,7 +1037,8 @@ def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
     if args.strategy in "CDEF" and args.size is None:  # a token budget: needs the model's tokenizer
         embedder = resources.embedder(embedder_for_files([path], settings.embedder))
         count_tokens, max_tokens = embedder.count_tokens, embedder.max_tokens
-        budget = args.budget or settings.chunk_tokens or default_budget(max_tokens)
+        requested = settings.chunk_tokens if args.budget is None else args.budget
+        budget = requested or default_budget(max_tokens)  # 0 = the embedder's default, as chunk_tokens = 0
     result = audit_cuts(doc, args.strategy, size=args.size, budget=budget, count_tokens=count_tokens,
                         max_tokens=max_tokens)
     if args.json:
@@ -1083,10 +1093,11 @@ def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     c = asub.add_parser("cuts", help="how many chunk cuts fall outside paragraph and sentence boundaries (seed 004)")
     c.add_argument("file", help="a document (.md .txt .html .pdf)")
     c.add_argument("--strategy", choices=list("ABCDEFR"), default="E", help="chunking strategy (default E)")
-    c.add_argument("--size", type=int, help="character target: the window of A/B (512) and R (1000); for C-F "
-                                            "the budget is then counted in characters")
-    c.add_argument("--budget", type=int, help="token budget for C-F (default: settings chunk_tokens or the "
-                                              "embedder's default)")
+    c.add_argument("--size", type=int, help="character target, at least 2: the window of A/B (512) and R (1000); "
+                                            "for C-F the budget is then counted in characters")
+    c.add_argument("--budget", type=int, help="token budget for C-F, header included (default: settings "
+                                              "chunk_tokens); 0 = the embedder's default, 80 %% of its window, "
+                                              "as chunk_tokens = 0")
     c.add_argument("--embedder", help="tokenizer for C-F budgets: minilm | PATH (default: settings)")
     c.add_argument("--show", type=int, default=10, help="cuts outside a boundary to print (default 10)")
     c.add_argument("--json", action="store_true", help="print the audit as JSON")
