@@ -320,14 +320,56 @@ def cmd_demo(args: argparse.Namespace, resources: Resources) -> int:
 # `run` is the default, so `rag eval --db F --golden G` and `rag eval compare A B` both work.
 
 
+def prepare_report(target: str | None) -> None:
+    """Check, before the work that produces it starts, that a report can be written to ``target``.
+
+    Its missing folders are created (every command that writes a report does this the same way);
+    a folder, a path under a file or a place that cannot be written is a one-line error now rather
+    than a traceback after the whole run. Nothing is left behind: an existing file is opened for
+    appending and kept as it is, a new one is created and removed. ``None`` and ``-`` (stdout)
+    need nothing.
+
+    Raises:
+        RagError: the report cannot be written there; the message says why.
+    """
+    if not target or target == "-":
+        return
+    path = Path(target)
+    if path.is_dir():
+        raise RagError(f"cannot write the report to {target}: it is a folder; give a file name")
+    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise RagError(f"cannot write the report to {target}: {blocking} is a file, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with path.open("a", encoding="utf-8"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as e:
+        raise RagError(f"cannot write the report to {target}: {e.strerror or e}") from e
+
+
+def write_report(text: str, target: str, note: str | None = None) -> None:
+    """Write a report to ``target`` (checked first by ``prepare_report``) and say so on stderr.
+
+    Raises:
+        RagError: the write failed (a full disk, a file made read-only meanwhile).
+    """
+    try:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(text, encoding="utf-8", newline="")
+    except OSError as e:
+        raise RagError(f"cannot write the report to {target}: {e.strerror or e}") from e
+    print(note or f"wrote {target}", file=sys.stderr)
+
+
 def _write_json(value: Any, target: str) -> None:
     if target == "-":
         print_json(value)
         return
-    Path(target).parent.mkdir(parents=True, exist_ok=True)
-    Path(target).write_text(json.dumps(value, default=_json_default, ensure_ascii=False, indent=2) + "\n",
-                            encoding="utf-8")
-    print(f"wrote {target}", file=sys.stderr)
+    write_report(json.dumps(value, default=_json_default, ensure_ascii=False, indent=2) + "\n", target)
 
 
 def cmd_eval(args: argparse.Namespace, resources: Resources) -> int:
@@ -345,6 +387,7 @@ def cmd_eval_run(args: argparse.Namespace, resources: Resources) -> int:
         raise RagError("rag eval needs --golden G.json (a golden set in the ../shared/eval/README.md format)")
     if not store.database_exists(settings.db_path):
         raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    prepare_report(args.json)
     golden = load_golden(args.golden)
     conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
@@ -414,6 +457,7 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.golden:
         raise RagError("rag eval answers needs --golden G.json")
+    prepare_report(args.json)
     if args.calibrate:  # the raw outcomes: what the policy is fitted on
         settings = dataclasses.replace(settings, decision="off")
     golden = load_golden(args.golden)
@@ -434,8 +478,7 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
         )
     print(file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(dump(report) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}", file=sys.stderr)
+        write_report(dump(report) + "\n", args.json)
     print(format_figures(report))
     if args.calibrate:
         _calibrate_collection(list(report.rows), resources, settings.collection)
@@ -473,12 +516,12 @@ def cmd_eval_decision(args: argparse.Namespace, resources: Resources) -> int:
     from rag import decide, store
     from rag.evaluate_answers import calibrate, load_rows
 
+    prepare_report(args.out)
     rows = [r for path in args.rows for r in load_rows(path)]
     policy = calibrate(rows, source=args.source, max_bluff=args.max_bluff)
     print(format_calibration(policy))
     if args.out:
-        Path(args.out).write_text(policy.to_json() + "\n", encoding="utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+        write_report(policy.to_json() + "\n", args.out)
     if args.store:
         conn = resources.connect()
         with store.transaction(conn):
@@ -496,6 +539,7 @@ def cmd_eval_ranker(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if args.depth < 1:
         raise RagError(f"--depth must be at least 1 (got {args.depth})")
+    prepare_report(args.out)
     sets = {}
     for db, golden_path in args.sets:
         golden = load_golden(golden_path)
@@ -524,8 +568,7 @@ def cmd_eval_ranker(args: argparse.Namespace, resources: Resources) -> int:
           + ", ".join(f"{name} {w:+.3f}" for name, w in zip(ranker.FEATURES, model.weights, strict=True))
           + f", intercept {model.intercept:+.3f}")
     if args.out:
-        Path(args.out).write_text(model.to_json(), encoding="utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+        write_report(model.to_json(), args.out)
     return 0
 
 
@@ -537,6 +580,7 @@ def cmd_eval_strategies(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.corpus or not args.golden:
         raise RagError("rag eval strategies needs --corpus DIR and --golden G.json")
+    prepare_report(args.json)
     golden = load_golden(args.golden)
     embedder = resources.embedder(args.embedder or embedder_for_files([args.corpus], settings.embedder))
     result = evaluate.run_strategies(
@@ -1262,15 +1306,14 @@ def cmd_audit_log(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
     since = auth.parse_since(args.since) if args.since else None
+    prepare_report(args.csv)
     rows = auth.audit_rows(resources.connect(), since, user=args.user, action=args.action)
     if args.csv:
         text = auth.export_csv(rows)
         if args.csv == "-":
             sys.stdout.write(text)
         else:
-            Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.csv).write_text(text, encoding="utf-8", newline="")
-            print(f"wrote {len(rows)} audit rows to {args.csv}", file=sys.stderr)
+            write_report(text, args.csv, note=f"wrote {len(rows)} audit rows to {args.csv}")
         return 0
     if args.json:
         print_json(rows)
@@ -1436,6 +1479,7 @@ def cmd_bench(args: argparse.Namespace, resources: Resources) -> int:
     from rag.bench import DEFAULT_SIZES, QUICK_SIZES, BenchOptions, format_report, parse_sizes, run_bench
 
     settings = resources.settings
+    prepare_report(args.json)
     if args.backend == "postgres":
         return _bench_backends(args, settings)
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES)

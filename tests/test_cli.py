@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rag import cli
+from rag.errors import RagError
 
 
 def test_ingest_status_chunks_delete_roundtrip(
@@ -165,3 +166,31 @@ def test_models_lists_the_directory_and_prunes_what_nothing_loads(
     assert not source.exists() and copy.exists()
     assert cli.main(["models", "--json"]) == 0
     assert [entry["path"] for entry in json.loads(capsys.readouterr().out)] == [str(copy)]
+
+
+def test_prepare_report_creates_folders_and_refuses_a_folder_or_a_file_in_the_way(tmp_path: Path) -> None:
+    new = tmp_path / "deep" / "er" / "report.json"
+    cli.prepare_report(str(new))
+    assert new.parent.is_dir() and not new.exists()  # folders made, no empty report left behind
+    kept = tmp_path / "old.json"
+    kept.write_text("previous run\n", encoding="utf-8")
+    cli.prepare_report(str(kept))
+    assert kept.read_text(encoding="utf-8") == "previous run\n"  # checked, not truncated
+    with pytest.raises(RagError) as folder:
+        cli.prepare_report(str(tmp_path))
+    assert str(folder.value) == f"cannot write the report to {tmp_path}: it is a folder; give a file name"
+    with pytest.raises(RagError) as under_file:
+        cli.prepare_report(str(kept / "x.json"))
+    assert str(under_file.value) == f"cannot write the report to {kept / 'x.json'}: {kept} is a file, not a folder"
+    cli.prepare_report("-")
+    cli.prepare_report(None)
+
+
+def test_a_report_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(RagError) as error:
+        cli.write_report("{}", str(tmp_path / "r.json"))
+    assert str(error.value) == f"cannot write the report to {tmp_path / 'r.json'}: No space left on device"
