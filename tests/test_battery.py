@@ -364,6 +364,7 @@ BAD_ENV = [
     ("RAG_SHOW_UNSUPPORTED", "maybe", "show_unsupported must be true or false"),
     ("RAG_DENSE_MODE", "fast", "dense_mode must be"),
     ("RAG_RERANK", "magic", "rerank must be"),
+    ("RAG_CHUNK_TOKENS", "-1", "chunk_tokens must be 0 (the embedder's default budget) or more (got -1)"),
 ]
 
 
@@ -375,6 +376,17 @@ def test_a_bad_environment_setting_is_one_line(
     monkeypatch.setenv(name, value)
     code, _, err = run(capsys, caplog, "search", "VPN", "--db", str(db))
     assert code == 1 and message in one_error_line(err)
+
+
+def test_a_negative_chunk_budget_stops_ingest_before_any_file(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RAG_CHUNK_TOKENS", "-1")
+    path = tmp_path / "budget.db"
+    code, out, err = run(capsys, caplog, "ingest", str(corpus), "--db", str(path))
+    assert code == 1 and out == "" and not path.exists()  # not every file marked failed: nothing started
+    assert one_error_line(err) == "error: chunk_tokens must be 0 (the embedder's default budget) or more (got -1)"
 
 
 BAD_TOML = [
