@@ -202,6 +202,10 @@ BAD_FILES = [
     ("fake.pdf", b"just text, not a pdf", "PDF"),
     ("front.md", b"---\ngroups: [hr\n---\n\n# X\n\nBody.\n", "not valid YAML"),
     ("onlyfront.md", b"---\ntitle: T\n---\n", "no text"),
+    ("zwsp.txt", "\u200b\n".encode(), "holds no text"),
+    ("doublebom.txt", b"\xef\xbb\xbf\xef\xbb\xbf\n", "holds no text"),
+    ("emptyheading.md", b"# \n\n", "holds no text"),
+    ("nbsp.html", b"<p>&nbsp;&#8203;</p>", "holds no text"),
     ("bad16.txt", b"\xff\xfe" + b"\x00\xd8" * 3, "invalid UTF-16"),
 ]
 
