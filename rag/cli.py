@@ -150,8 +150,7 @@ def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
     from rag.transfer import copy_collections, copy_history
 
     src_location, dest_location = database_location(args.src), database_location(args.dest)
-    if not store.database_exists(src_location):
-        raise RagError(f"no database at {args.src}: give an SQLite file or a postgresql:// URL to copy from")
+    store.require_database(src_location, hint="give an SQLite file or a postgresql:// URL to copy from")
     if str(src_location) == str(dest_location):
         raise RagError("the source and the destination are the same database")
     src = store.open_db(src_location, create=False)
@@ -385,8 +384,7 @@ def cmd_eval_run(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.golden:
         raise RagError("rag eval needs --golden G.json (a golden set in the ../shared/eval/README.md format)")
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    store.require_database(settings.db_path)
     prepare_report(args.json)
     golden = load_golden(args.golden)
     conn = resources.connect()
@@ -547,8 +545,7 @@ def cmd_eval_ranker(args: argparse.Namespace, resources: Resources) -> int:
         if name in sets:
             raise RagError(f"two golden sets are named {name!r}: rename one file")
         location = database_location(db)
-        if not store.database_exists(location):
-            raise RagError(f"no database at {db}: build one with `rag ingest DIR --db FILE` first")
+        store.require_database(location)
         with SetResources(dataclasses.replace(settings, db_path=location)) as own:
             conn = own.connect()
             coll = store.require_collection(conn, settings.collection)
@@ -599,8 +596,7 @@ def cmd_eval_history(args: argparse.Namespace, resources: Resources) -> int:
     from rag import history, store
 
     settings = resources.settings
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}")
+    store.require_database(settings.db_path)
     conn = resources.connect()
     runs = history.list_runs(conn, golden_name=args.golden_name, limit=args.limit)
     if args.json:
@@ -917,8 +913,7 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
         raise RagError('give one question ("rag search QUESTION") or --queries FILE.jsonl, not both')
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    store.require_database(settings.db_path)
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
     conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
@@ -993,8 +988,7 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if (args.query is None) == (args.queries is None):
         raise RagError('give one question ("rag ask QUESTION") or --queries FILE.jsonl, not both')
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    store.require_database(settings.db_path)
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
     conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
@@ -1103,8 +1097,7 @@ def cmd_audit_channels(args: argparse.Namespace, resources: Resources) -> int:
     from rag.retrieval import MAX_CHANNELS_PER_FIELD, audit_channels
 
     settings = resources.settings
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    store.require_database(settings.db_path)
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
     result = audit_channels(resources.connect(), settings)

@@ -439,13 +439,20 @@ def test_read_only_commands_never_create_a_database(
     assert not typo.parent.exists()
 
 
+FOLDER_DB_COMMANDS = [["status"], ["chunks"], ["source", "1"], ["search", "VPN"], ["ask", "VPN", "--no-generate"],
+                      ["eval", "--golden", "g.json"], ["eval", "history"], ["audit", "channels"]]
+
+
+@pytest.mark.parametrize("argv", FOLDER_DB_COMMANDS, ids=[" ".join(a[:2]) for a in FOLDER_DB_COMMANDS])
 def test_database_path_that_is_a_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, argv: list[str],
 ) -> None:
     monkeypatch.setenv("RAG_DB", str(tmp_path))
-    code, _, err = run(capsys, caplog, "status")
-    assert code == 1 and "is a folder" in one_error_line(err)
+    code, _, err = run(capsys, caplog, *argv)
+    assert code == 1
+    assert one_error_line(err) == f"error: the database path {tmp_path} is a folder; give a file such as " \
+                                  f"{tmp_path / 'rag.db'}"
 
 
 @pytest.mark.parametrize("content", [b"this is not sqlite at all" * 100, b"SQLite format 3\x00" + b"\x07" * 2000])
