@@ -122,10 +122,13 @@ def cmd_ingest(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import store
     from rag.ingest import document_statuses
 
     settings = resources.settings
     conn = resources.connect()
+    if args.collection:  # a named collection must exist; without one, every collection is listed
+        store.require_collection(conn, args.collection)
     infos = document_statuses(conn, settings, args.collection)
     if args.json:
         print_json(infos)
@@ -247,10 +250,11 @@ def cmd_delete(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def cmd_chunks(args: argparse.Namespace, resources: Resources) -> int:
-    from rag import access
+    from rag import access, store
 
     settings = resources.settings
     conn = resources.connect()
+    store.require_collection(conn, settings.collection)
     groups = _groups(args.groups) if args.groups is not None else access.OPERATOR
     document_id = None
     if args.document:

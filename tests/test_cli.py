@@ -124,6 +124,22 @@ def test_chunks_honours_groups(two_readers_db: Path, capsys: pytest.CaptureFixtu
     assert capsys.readouterr().err == "error: no document 'backups.md' is visible to all\n"
 
 
+def test_status_and_chunks_name_a_collection_that_is_not_there(
+    two_readers_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    for command in ("status", "chunks", "search"):  # search has always said so; status and chunks now do too
+        argv = [command, *(["vpn"] if command == "search" else []), "--db", str(two_readers_db)]
+        assert cli.main([*argv, "--collection", "nocoll"]) == 1, command
+        captured = capsys.readouterr()
+        assert captured.err == "error: no collection named 'nocoll'. Collections here: default.\n", command
+        assert captured.out == "", command
+    assert cli.main(["status", "--db", str(two_readers_db), "--collection", "default"]) == 0
+    assert "2 documents: 2 ok" in capsys.readouterr().out
+    assert cli.main(["status", "--db", str(two_readers_db)]) == 0  # no --collection: every collection
+    assert "2 documents: 2 ok" in capsys.readouterr().out
+
+
 def test_search_says_how_it_mended_the_spelling_for_this_reader(
     two_readers_db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
