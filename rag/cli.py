@@ -1067,13 +1067,14 @@ def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
     from rag.audit import audit_cuts, describe_cut
     from rag.chunking import default_budget
     from rag.extract import extract
-    from rag.ingest import embedder_for_files
+    from rag.ingest import embedder_for_files, not_a_document
 
     settings = resources.settings
     _check_cut_options(args.size, args.budget)
     path = Path(args.file)
-    if not path.is_file():
-        raise RagError(f"no such file: {args.file}")
+    problem = not_a_document(path, args.file)
+    if problem:
+        raise RagError(problem if not path.exists() else f"{problem}: `rag audit cuts` reads one document")
     doc = extract(path)
     count_tokens, max_tokens, budget = None, 256, None
     if args.strategy in "CDEF" and args.size is None:  # a token budget: needs the model's tokenizer

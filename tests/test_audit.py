@@ -78,7 +78,9 @@ def test_cli_audit_cuts_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_cli_audit_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", "cuts", str(tmp_path / "missing.txt"), "--size", "100"]) == 1
-    assert "no such file" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"error: no such file: {tmp_path / 'missing.txt'}\n"
+    assert main(["audit", "cuts", str(tmp_path), "--size", "100"]) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path} is a folder: `rag audit cuts` reads one document\n"
     with pytest.raises(SystemExit):
         main(["audit", "nope"])  # an unknown audit name
     # A bare `rag audit` shows the team-mode audit log (tests/test_cli_users.py): here no database exists.

@@ -284,6 +284,18 @@ def test_a_missing_folder_is_one_line(
     assert code == 1 and "no such file or folder" in one_error_line(err)
 
 
+def test_a_named_pipe_given_explicitly_is_refused_with_its_reason(
+    tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    pipe = tmp_path / "pipe.md"
+    os.mkfifo(pipe)
+    for argv in ([str(pipe)], [str(corpus), str(pipe)]):
+        code, out, err = run(capsys, caplog, "ingest", *argv, "--db", str(tmp_path / "x.db"))
+        assert code == 1 and out == ""  # not "0 files" with no reason
+        assert one_error_line(err) == (f"error: {pipe} is not a regular file (a named pipe): give a document or a "
+                                       "folder of documents")
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad permission inputs: refused, reported, or failed closed — never silently public
 
