@@ -210,3 +210,26 @@ def test_a_report_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch
     with pytest.raises(RagError) as error:
         cli.write_report("{}", str(tmp_path / "r.json"))
     assert str(error.value) == f"cannot write the report to {tmp_path / 'r.json'}: No space left on device"
+
+
+def test_the_permissions_guide_says_which_commands_run_as_all_and_which_are_operator_views() -> None:
+    import argparse
+
+    from .conftest import GUIDE
+
+    parser, _ = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    groups_default = {name: next((a.default for a in commands[name]._actions if a.dest == "groups"), "no option")
+                      for name in ("ask", "search", "source", "chunks", "status")}
+    assert groups_default == {"ask": "all", "search": "all", "source": "all", "chunks": None, "status": "no option"}
+    for page, sentences in {
+        "permissions.md": ["Without `--groups`, `rag ask`, `rag search` and `rag source` run as a reader holding "
+                           "only `all`.", "`rag chunks` and `rag status` are operator views"],
+        "vi/quyen-truy-cap.md": ["Không có `--groups`, các lệnh `rag ask`, `rag search` và `rag source` chạy như "
+                                 "một người đọc chỉ có nhóm `all`.", "`rag chunks` và `rag status` là các chế độ "
+                                 "xem của người vận hành"],
+    }.items():
+        text = " ".join((GUIDE / page).read_text(encoding="utf-8").split())
+        assert "Without `--groups` a command runs as a reader holding only `all`" not in text
+        for sentence in sentences:
+            assert sentence in text, (page, sentence)
