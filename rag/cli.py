@@ -883,28 +883,36 @@ def hit_json(rank: int, hit: Any) -> dict[str, Any]:
 
 
 def _read_queries(path: str, default_groups: list[str]) -> list[dict[str, Any]]:
-    """JSON lines {"id", "query", "groups"}; checked before any search runs."""
+    """JSON lines {"id", "query", "groups"}, read before any search runs.
+
+    A file that cannot be read is refused whole. A bad line (not JSON, no "query", "groups" not a
+    list of strings) becomes {"id", "error"}: the batch prints its error line in its place and
+    answers the others. A line without an "id" is named by its line number.
+    """
     try:
         lines = (sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")).splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise RagError(f"cannot read the queries file {path}: {e}") from e
-    queries = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RagError(f"{path} line {number} is not JSON: {e}") from e
-        if not isinstance(item, dict) or not isinstance(item.get("query"), str):
-            raise RagError(f'{path} line {number}: expected {{"id": ..., "query": "...", "groups": [...]}}')
-        groups = item.get("groups", default_groups)
-        if isinstance(groups, str):
-            groups = _groups(groups)
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            raise RagError(f"{path} line {number}: groups must be a list of strings")
-        queries.append({"id": item.get("id", number), "query": item["query"], "groups": groups})
-    return queries
+    return [_query_line(number, line, default_groups) for number, line in enumerate(lines, start=1) if line.strip()]
+
+
+def _query_line(number: int, line: str, default_groups: list[str]) -> dict[str, Any]:
+    """One line of a queries file: {"id", "query", "groups"}, or {"id", "error"} saying what is wrong."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as e:
+        return {"id": number, "error": f"line {number} is not JSON: {e}"}
+    if not isinstance(item, dict):
+        return {"id": number, "error": f'line {number}: expected {{"id": ..., "query": "...", "groups": [...]}}'}
+    ident = item.get("id", number)
+    if not isinstance(item.get("query"), str):
+        return {"id": ident, "error": f'line {number}: expected {{"id": ..., "query": "...", "groups": [...]}}'}
+    groups = item.get("groups", default_groups)
+    if isinstance(groups, str):
+        groups = _groups(groups)
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        return {"id": ident, "error": f"line {number}: groups must be a list of strings"}
+    return {"id": ident, "query": item["query"], "groups": groups}
 
 
 def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
@@ -933,6 +941,9 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
 
     if batch is not None:
         for item in batch:
+            if "error" in item:  # a bad line of the file: its own error line; the others are answered
+                print_json_line({"id": item["id"], "hits": [], "error": item["error"]})
+                continue
             try:
                 print_json_line({"id": item["id"], "hits": run(item["query"], item["groups"])})
             except QueryError as e:
@@ -969,7 +980,8 @@ def _add_search_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     _common(p)
     p.add_argument("--queries", metavar="FILE.jsonl",
                    help='batch mode: JSON lines {"id", "query", "groups"} (- for stdin); prints one JSON line '
-                        '{"id", "hits"} per query, loading the models once')
+                        '{"id", "hits"} per query, loading the models once; a bad line gets {"id", "hits": [], '
+                        '"error"} and the others are answered')
     p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
     p.add_argument("--stage", choices=SEARCH_STAGES, default="hybrid", help="retrieval stage (default: hybrid)")
     p.add_argument("-k", type=int, help="hits to return (default: settings top_k, 20)")
@@ -1003,6 +1015,9 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     }
     if batch is not None:
         for item in batch:
+            if "error" in item:  # a bad line of the file: its own error line; the others are answered
+                print_json_line({"id": item["id"], "status": "error", "error": item["error"]})
+                continue
             try:
                 print_json_line({"id": item["id"], **asdict(ask(item["query"], groups=item["groups"], **options))})
             except QueryError as e:
@@ -1037,7 +1052,8 @@ def _add_ask_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     _common(p)
     p.add_argument("--queries", metavar="FILE.jsonl",
                    help='batch mode: JSON lines {"id", "query", "groups"} (- for stdin); prints one JSON Answer '
-                        'per line with its id, loading the models once')
+                        'per line with its id, loading the models once; a bad line gets {"id", "status": '
+                        '"error", "error"} and the others are answered')
     p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
     p.add_argument("--no-generate", action="store_true",
                    help="skip the language model: answer with the extractive quote of the best source")

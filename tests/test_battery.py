@@ -136,26 +136,42 @@ def test_a_bad_line_in_a_batch_costs_one_line(
     assert "error" not in results[0] and "error" not in results[3]
 
 
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ('{"id": 1, "query": "x"}\nnot json\n', "line 2 is not JSON"),
-        ('{"id": 1}\n', "line 1: expected"),
-        ('{"id": 1, "query": "x", "groups": 5}\n', "groups must be a list"),
-        (b"\xff\xfe\x00garbage", "cannot read the queries file"),
-    ],
-)
-def test_a_broken_queries_file_is_refused_before_any_search(
-    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-    content: str | bytes, message: str,
+@pytest.mark.parametrize("command", ["search", "ask"])
+def test_a_malformed_line_of_a_queries_file_gets_its_own_error_and_the_others_are_answered(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, command: str
 ) -> None:
     queries = tmp_path / "q.jsonl"
-    if isinstance(content, bytes):
-        queries.write_bytes(content)
+    queries.write_text('{"id": "a", "query": "VPN-403"}\nnot json\n{"id": "b", "query": "x", "groups": 5}\n'
+                       '[1]\n{"id": "c"}\n\n{"query": "backup nightly"}\n', "utf-8")
+    extra = ["--no-generate"] if command == "ask" else []
+    code, out, _err = run(capsys, caplog, command, "--queries", str(queries), "--db", str(db), *extra)
+    assert code == 0
+    results = [json.loads(line) for line in out.splitlines()]
+    assert [r["id"] for r in results] == ["a", 2, "b", 4, "c", 7]  # in file order; no id: the line number
+    expected = '{"id": ..., "query": "...", "groups": [...]}'
+    errors = {r["id"]: r["error"] for r in results if "error" in r}
+    assert errors == {
+        2: "line 2 is not JSON: Expecting value: line 1 column 1 (char 0)",
+        "b": "line 3: groups must be a list of strings",
+        4: f"line 4: expected {expected}",
+        "c": f"line 5: expected {expected}",
+    }
+    failed = [r for r in results if "error" in r]
+    if command == "search":
+        assert all(r == {"id": r["id"], "hits": [], "error": r["error"]} for r in failed)
+        assert results[0]["hits"][0]["source"] == "vpn.md" and results[5]["hits"][0]["source"] == "backup.txt"
     else:
-        queries.write_text(content, "utf-8")
-    code, _out, err = run(capsys, caplog, "search", "--queries", str(queries), "--db", str(db))
-    assert code == 1 and message in one_error_line(err)
+        assert all(r == {"id": r["id"], "status": "error", "error": r["error"]} for r in failed)
+        assert results[0]["question"] == "VPN-403" and results[5]["question"] == "backup nightly"
+
+
+def test_an_unreadable_queries_file_is_refused_before_any_search(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    queries = tmp_path / "q.jsonl"
+    queries.write_bytes(b"\xff\xfe\x00garbage")
+    code, out, err = run(capsys, caplog, "search", "--queries", str(queries), "--db", str(db))
+    assert code == 1 and out == "" and "cannot read the queries file" in one_error_line(err)
 
 
 def test_question_and_queries_together_is_a_usage_message(
