@@ -123,10 +123,13 @@ def cmd_ingest(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import store
     from rag.ingest import document_statuses
 
     settings = resources.settings
     conn = resources.connect()
+    if args.collection:  # a named collection must exist; without one, every collection is listed
+        store.require_collection(conn, args.collection)
     infos = document_statuses(conn, settings, args.collection)
     if args.json:
         print_json(infos)
@@ -151,8 +154,7 @@ def cmd_migrate(args: argparse.Namespace, resources: Resources) -> int:
     from rag.transfer import copy_collections, copy_history
 
     src_location, dest_location = database_location(args.src), database_location(args.dest)
-    if not store.database_exists(src_location):
-        raise RagError(f"no database at {args.src}: give an SQLite file or a postgresql:// URL to copy from")
+    store.require_database(src_location, hint="give an SQLite file or a postgresql:// URL to copy from")
     if str(src_location) == str(dest_location):
         raise RagError("the source and the destination are the same database")
     src = store.open_db(src_location, create=False)
@@ -249,10 +251,11 @@ def cmd_delete(args: argparse.Namespace, resources: Resources) -> int:
 
 
 def cmd_chunks(args: argparse.Namespace, resources: Resources) -> int:
-    from rag import access
+    from rag import access, store
 
     settings = resources.settings
     conn = resources.connect()
+    store.require_collection(conn, settings.collection)
     groups = _groups(args.groups) if args.groups is not None else access.OPERATOR
     document_id = None
     if args.document:
@@ -321,14 +324,56 @@ def cmd_demo(args: argparse.Namespace, resources: Resources) -> int:
 # `run` is the default, so `rag eval --db F --golden G` and `rag eval compare A B` both work.
 
 
+def prepare_report(target: str | None) -> None:
+    """Check, before the work that produces it starts, that a report can be written to ``target``.
+
+    Its missing folders are created (every command that writes a report does this the same way);
+    a folder, a path under a file or a place that cannot be written is a one-line error now rather
+    than a traceback after the whole run. Nothing is left behind: an existing file is opened for
+    appending and kept as it is, a new one is created and removed. ``None`` and ``-`` (stdout)
+    need nothing.
+
+    Raises:
+        RagError: the report cannot be written there; the message says why.
+    """
+    if not target or target == "-":
+        return
+    path = Path(target)
+    if path.is_dir():
+        raise RagError(f"cannot write the report to {target}: it is a folder; give a file name")
+    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise RagError(f"cannot write the report to {target}: {blocking} is a file, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with path.open("a", encoding="utf-8"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as e:
+        raise RagError(f"cannot write the report to {target}: {e.strerror or e}") from e
+
+
+def write_report(text: str, target: str, note: str | None = None) -> None:
+    """Write a report to ``target`` (checked first by ``prepare_report``) and say so on stderr.
+
+    Raises:
+        RagError: the write failed (a full disk, a file made read-only meanwhile).
+    """
+    try:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(text, encoding="utf-8", newline="")
+    except OSError as e:
+        raise RagError(f"cannot write the report to {target}: {e.strerror or e}") from e
+    print(note or f"wrote {target}", file=sys.stderr)
+
+
 def _write_json(value: Any, target: str) -> None:
     if target == "-":
         print_json(value)
         return
-    Path(target).parent.mkdir(parents=True, exist_ok=True)
-    Path(target).write_text(json.dumps(value, default=_json_default, ensure_ascii=False, indent=2) + "\n",
-                            encoding="utf-8")
-    print(f"wrote {target}", file=sys.stderr)
+    write_report(json.dumps(value, default=_json_default, ensure_ascii=False, indent=2) + "\n", target)
 
 
 def cmd_eval(args: argparse.Namespace, resources: Resources) -> int:
@@ -344,8 +389,8 @@ def cmd_eval_run(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.golden:
         raise RagError("rag eval needs --golden G.json (a golden set in the ../shared/eval/README.md format)")
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    store.require_database(settings.db_path)
+    prepare_report(args.json)
     golden = load_golden(args.golden)
     conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
@@ -415,6 +460,7 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.golden:
         raise RagError("rag eval answers needs --golden G.json")
+    prepare_report(args.json)
     if args.calibrate:  # the raw outcomes: what the policy is fitted on
         settings = dataclasses.replace(settings, decision="off")
     golden = load_golden(args.golden)
@@ -435,8 +481,7 @@ def cmd_eval_answers(args: argparse.Namespace, resources: Resources) -> int:
         )
     print(file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(dump(report) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}", file=sys.stderr)
+        write_report(dump(report) + "\n", args.json)
     print(format_figures(report))
     if args.calibrate:
         _calibrate_collection(list(report.rows), resources, settings.collection, generate=not args.no_generate)
@@ -478,12 +523,12 @@ def cmd_eval_decision(args: argparse.Namespace, resources: Resources) -> int:
     from rag import decide, store
     from rag.evaluate_answers import calibrate, load_rows
 
+    prepare_report(args.out)
     rows = [r for path in args.rows for r in load_rows(path)]
     policy = calibrate(rows, source=args.source, max_bluff=args.max_bluff)
     print(format_calibration(policy))
     if args.out:
-        Path(args.out).write_text(policy.to_json() + "\n", encoding="utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+        write_report(policy.to_json() + "\n", args.out)
     if args.store:
         # rows without a single model reply were measured with --no-generate: that policy's slot
         generated = any(r.raw or r.model_sentences for r in rows)
@@ -505,6 +550,7 @@ def cmd_eval_ranker(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if args.depth < 1:
         raise RagError(f"--depth must be at least 1 (got {args.depth})")
+    prepare_report(args.out)
     sets = {}
     for db, golden_path in args.sets:
         golden = load_golden(golden_path)
@@ -512,8 +558,7 @@ def cmd_eval_ranker(args: argparse.Namespace, resources: Resources) -> int:
         if name in sets:
             raise RagError(f"two golden sets are named {name!r}: rename one file")
         location = database_location(db)
-        if not store.database_exists(location):
-            raise RagError(f"no database at {db}: build one with `rag ingest DIR --db FILE` first")
+        store.require_database(location)
         with SetResources(dataclasses.replace(settings, db_path=location)) as own:
             conn = own.connect()
             coll = store.require_collection(conn, settings.collection)
@@ -533,8 +578,7 @@ def cmd_eval_ranker(args: argparse.Namespace, resources: Resources) -> int:
           + ", ".join(f"{name} {w:+.3f}" for name, w in zip(ranker.FEATURES, model.weights, strict=True))
           + f", intercept {model.intercept:+.3f}")
     if args.out:
-        Path(args.out).write_text(model.to_json(), encoding="utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+        write_report(model.to_json(), args.out)
     return 0
 
 
@@ -546,6 +590,7 @@ def cmd_eval_strategies(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if not args.corpus or not args.golden:
         raise RagError("rag eval strategies needs --corpus DIR and --golden G.json")
+    prepare_report(args.json)
     golden = load_golden(args.golden)
     embedder = resources.embedder(args.embedder or embedder_for_files([args.corpus], settings.embedder))
     result = evaluate.run_strategies(
@@ -564,8 +609,7 @@ def cmd_eval_history(args: argparse.Namespace, resources: Resources) -> int:
     from rag import history, store
 
     settings = resources.settings
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}")
+    store.require_database(settings.db_path)
     conn = resources.connect()
     runs = history.list_runs(conn, golden_name=args.golden_name, limit=args.limit)
     if args.json:
@@ -851,28 +895,36 @@ def hit_json(rank: int, hit: Any) -> dict[str, Any]:
 
 
 def _read_queries(path: str, default_groups: list[str]) -> list[dict[str, Any]]:
-    """JSON lines {"id", "query", "groups"}; checked before any search runs."""
+    """JSON lines {"id", "query", "groups"}, read before any search runs.
+
+    A file that cannot be read is refused whole. A bad line (not JSON, no "query", "groups" not a
+    list of strings) becomes {"id", "error"}: the batch prints its error line in its place and
+    answers the others. A line without an "id" is named by its line number.
+    """
     try:
         lines = (sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")).splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise RagError(f"cannot read the queries file {path}: {e}") from e
-    queries = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RagError(f"{path} line {number} is not JSON: {e}") from e
-        if not isinstance(item, dict) or not isinstance(item.get("query"), str):
-            raise RagError(f'{path} line {number}: expected {{"id": ..., "query": "...", "groups": [...]}}')
-        groups = item.get("groups", default_groups)
-        if isinstance(groups, str):
-            groups = _groups(groups)
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            raise RagError(f"{path} line {number}: groups must be a list of strings")
-        queries.append({"id": item.get("id", number), "query": item["query"], "groups": groups})
-    return queries
+    return [_query_line(number, line, default_groups) for number, line in enumerate(lines, start=1) if line.strip()]
+
+
+def _query_line(number: int, line: str, default_groups: list[str]) -> dict[str, Any]:
+    """One line of a queries file: {"id", "query", "groups"}, or {"id", "error"} saying what is wrong."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as e:
+        return {"id": number, "error": f"line {number} is not JSON: {e}"}
+    if not isinstance(item, dict):
+        return {"id": number, "error": f'line {number}: expected {{"id": ..., "query": "...", "groups": [...]}}'}
+    ident = item.get("id", number)
+    if not isinstance(item.get("query"), str):
+        return {"id": ident, "error": f'line {number}: expected {{"id": ..., "query": "...", "groups": [...]}}'}
+    groups = item.get("groups", default_groups)
+    if isinstance(groups, str):
+        groups = _groups(groups)
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        return {"id": ident, "error": f"line {number}: groups must be a list of strings"}
+    return {"id": ident, "query": item["query"], "groups": groups}
 
 
 def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
@@ -885,8 +937,7 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
         raise RagError('give one question ("rag search QUESTION") or --queries FILE.jsonl, not both')
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    store.require_database(settings.db_path)
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
     conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
@@ -902,6 +953,9 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
 
     if batch is not None:
         for item in batch:
+            if "error" in item:  # a bad line of the file: its own error line; the others are answered
+                print_json_line({"id": item["id"], "hits": [], "error": item["error"]})
+                continue
             try:
                 print_json_line({"id": item["id"], "hits": run(item["query"], item["groups"])})
             except QueryError as e:
@@ -938,7 +992,8 @@ def _add_search_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     _common(p)
     p.add_argument("--queries", metavar="FILE.jsonl",
                    help='batch mode: JSON lines {"id", "query", "groups"} (- for stdin); prints one JSON line '
-                        '{"id", "hits"} per query, loading the models once')
+                        '{"id", "hits"} per query, loading the models once; a bad line gets {"id", "hits": [], '
+                        '"error"} and the others are answered')
     p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
     p.add_argument("--stage", choices=SEARCH_STAGES, default="hybrid", help="retrieval stage (default: hybrid)")
     p.add_argument("-k", type=int, help="hits to return (default: settings top_k, 20)")
@@ -961,8 +1016,7 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     if (args.query is None) == (args.queries is None):
         raise RagError('give one question ("rag ask QUESTION") or --queries FILE.jsonl, not both')
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    store.require_database(settings.db_path)
     batch = _read_queries(args.queries, _groups(args.groups)) if args.queries else None
     conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
@@ -973,6 +1027,9 @@ def cmd_ask(args: argparse.Namespace, resources: Resources) -> int:
     }
     if batch is not None:
         for item in batch:
+            if "error" in item:  # a bad line of the file: its own error line; the others are answered
+                print_json_line({"id": item["id"], "status": "error", "error": item["error"]})
+                continue
             try:
                 print_json_line({"id": item["id"], **asdict(ask(item["query"], groups=item["groups"], **options))})
             except QueryError as e:
@@ -1023,7 +1080,8 @@ def _add_ask_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     _common(p)
     p.add_argument("--queries", metavar="FILE.jsonl",
                    help='batch mode: JSON lines {"id", "query", "groups"} (- for stdin); prints one JSON Answer '
-                        'per line with its id, loading the models once')
+                        'per line with its id, loading the models once; a bad line gets {"id", "status": '
+                        '"error", "error"} and the others are answered')
     p.add_argument("--groups", default="all", help="reader's groups, comma-separated (default: all)")
     p.add_argument("--no-generate", action="store_true",
                    help="skip the language model: answer with the extractive quote of the best source")
@@ -1041,22 +1099,33 @@ def cmd_audit(args: argparse.Namespace, resources: Resources) -> int:
     return handler(args, resources)
 
 
+def _check_cut_options(size: int | None, budget: int | None) -> None:
+    """Refuse a `rag audit cuts` size or budget the chunker cannot cut with, before a model loads."""
+    if size is not None and size < 2:
+        raise RagError(f"--size must be at least 2 characters (got {size})")
+    if budget is not None and budget < 0:
+        raise RagError(f"--budget must be 0 (the embedder's default budget) or a number of tokens (got {budget})")
+
+
 def cmd_audit_cuts(args: argparse.Namespace, resources: Resources) -> int:
     from rag.audit import audit_cuts, describe_cut
     from rag.chunking import default_budget
     from rag.extract import extract
-    from rag.ingest import embedder_for_files
+    from rag.ingest import embedder_for_files, not_a_document
 
     settings = resources.settings
+    _check_cut_options(args.size, args.budget)
     path = Path(args.file)
-    if not path.is_file():
-        raise RagError(f"no such file: {args.file}")
+    problem = not_a_document(path, args.file)
+    if problem:
+        raise RagError(problem if not path.exists() else f"{problem}: `rag audit cuts` reads one document")
     doc = extract(path)
     count_tokens, max_tokens, budget = None, 256, None
     if args.strategy in "CDEF" and args.size is None:  # a token budget: needs the model's tokenizer
         embedder = resources.embedder(embedder_for_files([path], settings.embedder))
         count_tokens, max_tokens = embedder.count_tokens, embedder.max_tokens
-        budget = args.budget or settings.chunk_tokens or default_budget(max_tokens)
+        requested = settings.chunk_tokens if args.budget is None else args.budget
+        budget = requested or default_budget(max_tokens)  # 0 = the embedder's default, as chunk_tokens = 0
     result = audit_cuts(doc, args.strategy, size=args.size, budget=budget, count_tokens=count_tokens,
                         max_tokens=max_tokens)
     if args.json:
@@ -1077,8 +1146,7 @@ def cmd_audit_channels(args: argparse.Namespace, resources: Resources) -> int:
     from rag.retrieval import MAX_CHANNELS_PER_FIELD, audit_channels
 
     settings = resources.settings
-    if not store.database_exists(settings.db_path):
-        raise RagError(f"no database at {settings.db_path}: build one with `rag ingest DIR --db FILE` first")
+    store.require_database(settings.db_path)
     if args.rerank:
         settings = settings.replace(rerank=args.rerank)
     result = audit_channels(resources.connect(), settings)
@@ -1111,10 +1179,11 @@ def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     c = asub.add_parser("cuts", help="how many chunk cuts fall outside paragraph and sentence boundaries (seed 004)")
     c.add_argument("file", help="a document (.md .txt .html .pdf)")
     c.add_argument("--strategy", choices=list("ABCDEFR"), default="E", help="chunking strategy (default E)")
-    c.add_argument("--size", type=int, help="character target: the window of A/B (512) and R (1000); for C-F "
-                                            "the budget is then counted in characters")
-    c.add_argument("--budget", type=int, help="token budget for C-F (default: settings chunk_tokens or the "
-                                              "embedder's default)")
+    c.add_argument("--size", type=int, help="character target, at least 2: the window of A/B (512) and R (1000); "
+                                            "for C-F the budget is then counted in characters")
+    c.add_argument("--budget", type=int, help="token budget for C-F, header included (default: settings "
+                                              "chunk_tokens); 0 = the embedder's default, 80 %% of its window, "
+                                              "as chunk_tokens = 0")
     c.add_argument("--embedder", help="tokenizer for C-F budgets: minilm | PATH (default: settings)")
     c.add_argument("--show", type=int, default=10, help="cuts outside a boundary to print (default 10)")
     c.add_argument("--json", action="store_true", help="print the audit as JSON")
@@ -1279,15 +1348,14 @@ def cmd_audit_log(args: argparse.Namespace, resources: Resources) -> int:
     from rag import auth
 
     since = auth.parse_since(args.since) if args.since else None
+    prepare_report(args.csv)
     rows = auth.audit_rows(resources.connect(), since, user=args.user, action=args.action)
     if args.csv:
         text = auth.export_csv(rows)
         if args.csv == "-":
             sys.stdout.write(text)
         else:
-            Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.csv).write_text(text, encoding="utf-8", newline="")
-            print(f"wrote {len(rows)} audit rows to {args.csv}", file=sys.stderr)
+            write_report(text, args.csv, note=f"wrote {len(rows)} audit rows to {args.csv}")
         return 0
     if args.json:
         print_json(rows)
@@ -1453,6 +1521,7 @@ def cmd_bench(args: argparse.Namespace, resources: Resources) -> int:
     from rag.bench import DEFAULT_SIZES, QUICK_SIZES, BenchOptions, format_report, parse_sizes, run_bench
 
     settings = resources.settings
+    prepare_report(args.json)
     if args.backend == "postgres":
         return _bench_backends(args, settings)
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES)

@@ -256,6 +256,8 @@ def validate(settings: Settings) -> Settings:
         raise RagError(f"cross_language_dense_share must lie in [0, 1] (got {settings.cross_language_dense_share})")
     if settings.tone_restore_depth < 0:
         raise RagError(f"tone_restore_depth must be 0 (off) or more (got {settings.tone_restore_depth})")
+    if settings.chunk_tokens < 0:
+        raise RagError(f"chunk_tokens must be 0 (the embedder's default budget) or more (got {settings.chunk_tokens})")
     if settings.window_chars < 0:
         raise RagError(f"window_chars must be 0 (no window vectors) or more (got {settings.window_chars})")
     if settings.fusion not in FUSIONS:

@@ -91,9 +91,20 @@ def canonical(text: str) -> str:
     return nfc(text.replace("\r\n", "\n").replace("\r", "\n"))
 
 
+def holds_text(text: str) -> bool:
+    """Whether ``text`` holds anything to index: at least one letter or digit (``str.isalnum``).
+
+    Whitespace, zero-width and other format characters (U+200B, a byte-order mark U+FEFF read as
+    text, joiners), punctuation and bare Markdown markup ("# ", "---") are none: indexed alone
+    they become passages no question can find and no citation can show. "42" or one word is text.
+    """
+    return any(ch.isalnum() for ch in text)
+
+
 def _require_text(text: str) -> None:
-    if not text.strip():
-        raise ExtractionError("the file holds no text (empty or whitespace only)")
+    if not holds_text(text):
+        raise ExtractionError("the file holds no text (empty, or only whitespace, invisible characters or "
+                              "markup without a letter or digit)")
 
 
 def _title_from_stem(path: Path) -> str:
@@ -288,7 +299,7 @@ def extract_pdf(path: Path, data: bytes) -> Extracted:
     text = "".join(parts)
     if not pages:
         raise ExtractionError("the PDF has no pages")
-    if not text.strip():
+    if not holds_text(text):
         raise ExtractionError("the PDF has no extractable text (a scanned image?); run OCR on it first")
     title = nfc(str(info_title).strip()) or _title_from_stem(path)
     return Extracted(text, title, "pdf", EXTRACTOR_VERSIONS["pdf"], 0, tuple(pages))

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -240,6 +241,23 @@ def _found(path: Path, source: str) -> FoundFile:
                      "ingest again")
 
 
+def not_a_document(path: Path, shown: str) -> str | None:
+    """Why ``path`` cannot be read as one document, or None for a regular file.
+
+    Explicit paths only: a folder's walk skips what is not a regular file without a word.
+    """
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return f"{shown} is a folder"
+    if not path.exists():
+        return f"no such file: {shown}"
+    mode = path.stat().st_mode
+    kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+    return f"{shown} is not a regular file ({kind})"
+
+
 def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
     """Files under each path (a folder is walked; its supported files are taken).
 
@@ -248,7 +266,8 @@ def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
     the same relative path in two folders are both kept.
 
     Raises:
-        RagError: a path does not exist, or two paths would give two files the same source name.
+        RagError: a path does not exist or is neither a regular file nor a folder, or two paths would
+            give two files the same source name.
     """
     roots = [Path(raw).expanduser() for raw in paths]
     several = len(roots) > 1
@@ -259,6 +278,8 @@ def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
         if root.is_file():
             _add(found, _found(root.resolve(), root.name))
             continue
+        if not root.is_dir():  # a named pipe, socket or device: walking it would find nothing, silently
+            raise RagError(f"{not_a_document(root, _printable(str(raw)))}: give a document or a folder of documents")
         prefix = f"{root.resolve().name}/" if several else ""
         for file in sorted(root.rglob("*")):
             rel = file.relative_to(root)

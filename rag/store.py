@@ -235,7 +235,7 @@ def open_db(path: str | Path, *, create: bool = True) -> Connection:
         return conn
     file = Path(path)
     if file.is_dir():
-        raise StorageError(f"the database path {file} is a folder; give a file such as {file / 'rag.db'}")
+        raise StorageError(_folder_problem(file))
     if not file.exists():
         if not create:
             raise StorageError(f"no database at {file}: check the path (rag ingest creates one)")
@@ -896,6 +896,24 @@ def database_exists(location: str | Path) -> bool:
     """Whether there is a database to read at ``location``: an SQLite file, or any PostgreSQL URL
     (the server says whether it exists when it is opened)."""
     return is_database_url(location) or Path(location).is_file()
+
+
+def require_database(location: str | Path, hint: str = "build one with `rag ingest DIR --db FILE` first") -> None:
+    """Refuse, before a model loads, a database that is not there, with the words ``open_db`` uses.
+
+    Raises:
+        StorageError: ``location`` is a folder, or no file (``hint`` says what to do).
+    """
+    if database_exists(location):
+        return
+    file = Path(location)
+    if file.is_dir():
+        raise StorageError(_folder_problem(file))
+    raise StorageError(f"no database at {file}: {hint}")
+
+
+def _folder_problem(file: Path) -> str:
+    return f"the database path {file} is a folder; give a file such as {file / 'rag.db'}"
 
 
 def ensure_writable(path: str | Path) -> None:

@@ -78,12 +78,57 @@ def test_cli_audit_cuts_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_cli_audit_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", "cuts", str(tmp_path / "missing.txt"), "--size", "100"]) == 1
-    assert "no such file" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"error: no such file: {tmp_path / 'missing.txt'}\n"
+    assert main(["audit", "cuts", str(tmp_path), "--size", "100"]) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path} is a folder: `rag audit cuts` reads one document\n"
     with pytest.raises(SystemExit):
         main(["audit", "nope"])  # an unknown audit name
     # A bare `rag audit` shows the team-mode audit log (tests/test_cli_users.py): here no database exists.
     assert main(["audit"]) == 1
     assert "no database" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--size", "0"], "error: --size must be at least 2 characters (got 0)\n"),
+        (["--size", "-5"], "error: --size must be at least 2 characters (got -5)\n"),
+        (["--strategy", "A", "--size", "1"], "error: --size must be at least 2 characters (got 1)\n"),
+        (["--strategy", "R", "--size", "0"], "error: --size must be at least 2 characters (got 0)\n"),
+        (["--budget", "-1"], "error: --budget must be 0 (the embedder's default budget) or a number of tokens "
+                             "(got -1)\n"),
+    ],
+    ids=["size-0", "size-negative", "A-size-1", "R-size-0", "budget-negative"],
+)
+def test_cli_audit_cuts_refuses_a_size_or_budget_it_cannot_cut_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str],
+    message: str,
+) -> None:
+    def no_model(*_a: object, **_k: object) -> None:
+        raise AssertionError("the options are checked before a model loads")
+
+    monkeypatch.setattr("rag.registry.load_embedder", no_model)
+    path = tmp_path / "doc.txt"
+    path.write_text(PROSE, encoding="utf-8")
+    assert main(["audit", "cuts", str(path), *argv]) == 1
+    assert capsys.readouterr().err == message
+
+
+def test_cli_audit_cuts_budget_zero_is_the_embedders_default_as_chunk_tokens_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .fakes import FakeEmbedder
+
+    monkeypatch.setattr("rag.registry.load_embedder", lambda *a, **k: FakeEmbedder())  # window 256: default 204
+    monkeypatch.setenv("RAG_CHUNK_TOKENS", "60")
+    path = tmp_path / "doc.txt"
+    path.write_text(PROSE, encoding="utf-8")
+    assert main(["audit", "cuts", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget"] == 60  # no --budget: the setting
+    assert main(["audit", "cuts", str(path), "--budget", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget"] == 204  # 0: the embedder's default, not the setting
+    assert main(["audit", "cuts", str(path), "--budget", "30", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget"] == 30
 
 
 # ---------------------------------------------------------------------------------------------

@@ -136,26 +136,42 @@ def test_a_bad_line_in_a_batch_costs_one_line(
     assert "error" not in results[0] and "error" not in results[3]
 
 
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ('{"id": 1, "query": "x"}\nnot json\n', "line 2 is not JSON"),
-        ('{"id": 1}\n', "line 1: expected"),
-        ('{"id": 1, "query": "x", "groups": 5}\n', "groups must be a list"),
-        (b"\xff\xfe\x00garbage", "cannot read the queries file"),
-    ],
-)
-def test_a_broken_queries_file_is_refused_before_any_search(
-    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-    content: str | bytes, message: str,
+@pytest.mark.parametrize("command", ["search", "ask"])
+def test_a_malformed_line_of_a_queries_file_gets_its_own_error_and_the_others_are_answered(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, command: str
 ) -> None:
     queries = tmp_path / "q.jsonl"
-    if isinstance(content, bytes):
-        queries.write_bytes(content)
+    queries.write_text('{"id": "a", "query": "VPN-403"}\nnot json\n{"id": "b", "query": "x", "groups": 5}\n'
+                       '[1]\n{"id": "c"}\n\n{"query": "backup nightly"}\n', "utf-8")
+    extra = ["--no-generate"] if command == "ask" else []
+    code, out, _err = run(capsys, caplog, command, "--queries", str(queries), "--db", str(db), *extra)
+    assert code == 0
+    results = [json.loads(line) for line in out.splitlines()]
+    assert [r["id"] for r in results] == ["a", 2, "b", 4, "c", 7]  # in file order; no id: the line number
+    expected = '{"id": ..., "query": "...", "groups": [...]}'
+    errors = {r["id"]: r["error"] for r in results if "error" in r}
+    assert errors == {
+        2: "line 2 is not JSON: Expecting value: line 1 column 1 (char 0)",
+        "b": "line 3: groups must be a list of strings",
+        4: f"line 4: expected {expected}",
+        "c": f"line 5: expected {expected}",
+    }
+    failed = [r for r in results if "error" in r]
+    if command == "search":
+        assert all(r == {"id": r["id"], "hits": [], "error": r["error"]} for r in failed)
+        assert results[0]["hits"][0]["source"] == "vpn.md" and results[5]["hits"][0]["source"] == "backup.txt"
     else:
-        queries.write_text(content, "utf-8")
-    code, _out, err = run(capsys, caplog, "search", "--queries", str(queries), "--db", str(db))
-    assert code == 1 and message in one_error_line(err)
+        assert all(r == {"id": r["id"], "status": "error", "error": r["error"]} for r in failed)
+        assert results[0]["question"] == "VPN-403" and results[5]["question"] == "backup nightly"
+
+
+def test_an_unreadable_queries_file_is_refused_before_any_search(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    queries = tmp_path / "q.jsonl"
+    queries.write_bytes(b"\xff\xfe\x00garbage")
+    code, out, err = run(capsys, caplog, "search", "--queries", str(queries), "--db", str(db))
+    assert code == 1 and out == "" and "cannot read the queries file" in one_error_line(err)
 
 
 def test_question_and_queries_together_is_a_usage_message(
@@ -202,6 +218,10 @@ BAD_FILES = [
     ("fake.pdf", b"just text, not a pdf", "PDF"),
     ("front.md", b"---\ngroups: [hr\n---\n\n# X\n\nBody.\n", "not valid YAML"),
     ("onlyfront.md", b"---\ntitle: T\n---\n", "no text"),
+    ("zwsp.txt", "\u200b\n".encode(), "holds no text"),
+    ("doublebom.txt", b"\xef\xbb\xbf\xef\xbb\xbf\n", "holds no text"),
+    ("emptyheading.md", b"# \n\n", "holds no text"),
+    ("nbsp.html", b"<p>&nbsp;&#8203;</p>", "holds no text"),
     ("bad16.txt", b"\xff\xfe" + b"\x00\xd8" * 3, "invalid UTF-16"),
 ]
 
@@ -278,6 +298,18 @@ def test_a_missing_folder_is_one_line(
 ) -> None:
     code, _, err = run(capsys, caplog, "ingest", str(tmp_path / "nope"), "--db", str(tmp_path / "x.db"))
     assert code == 1 and "no such file or folder" in one_error_line(err)
+
+
+def test_a_named_pipe_given_explicitly_is_refused_with_its_reason(
+    tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    pipe = tmp_path / "pipe.md"
+    os.mkfifo(pipe)
+    for argv in ([str(pipe)], [str(corpus), str(pipe)]):
+        code, out, err = run(capsys, caplog, "ingest", *argv, "--db", str(tmp_path / "x.db"))
+        assert code == 1 and out == ""  # not "0 files" with no reason
+        assert one_error_line(err) == (f"error: {pipe} is not a regular file (a named pipe): give a document or a "
+                                       "folder of documents")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,6 +396,7 @@ BAD_ENV = [
     ("RAG_SHOW_UNSUPPORTED", "maybe", "show_unsupported must be true or false"),
     ("RAG_DENSE_MODE", "fast", "dense_mode must be"),
     ("RAG_RERANK", "magic", "rerank must be"),
+    ("RAG_CHUNK_TOKENS", "-1", "chunk_tokens must be 0 (the embedder's default budget) or more (got -1)"),
 ]
 
 
@@ -375,6 +408,17 @@ def test_a_bad_environment_setting_is_one_line(
     monkeypatch.setenv(name, value)
     code, _, err = run(capsys, caplog, "search", "VPN", "--db", str(db))
     assert code == 1 and message in one_error_line(err)
+
+
+def test_a_negative_chunk_budget_stops_ingest_before_any_file(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RAG_CHUNK_TOKENS", "-1")
+    path = tmp_path / "budget.db"
+    code, out, err = run(capsys, caplog, "ingest", str(corpus), "--db", str(path))
+    assert code == 1 and out == "" and not path.exists()  # not every file marked failed: nothing started
+    assert one_error_line(err) == "error: chunk_tokens must be 0 (the embedder's default budget) or more (got -1)"
 
 
 BAD_TOML = [
@@ -423,13 +467,20 @@ def test_read_only_commands_never_create_a_database(
     assert not typo.parent.exists()
 
 
+FOLDER_DB_COMMANDS = [["status"], ["chunks"], ["source", "1"], ["search", "VPN"], ["ask", "VPN", "--no-generate"],
+                      ["eval", "--golden", "g.json"], ["eval", "history"], ["audit", "channels"]]
+
+
+@pytest.mark.parametrize("argv", FOLDER_DB_COMMANDS, ids=[" ".join(a[:2]) for a in FOLDER_DB_COMMANDS])
 def test_database_path_that_is_a_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, argv: list[str],
 ) -> None:
     monkeypatch.setenv("RAG_DB", str(tmp_path))
-    code, _, err = run(capsys, caplog, "status")
-    assert code == 1 and "is a folder" in one_error_line(err)
+    code, _, err = run(capsys, caplog, *argv)
+    assert code == 1
+    assert one_error_line(err) == f"error: the database path {tmp_path} is a folder; give a file such as " \
+                                  f"{tmp_path / 'rag.db'}"
 
 
 @pytest.mark.parametrize("content", [b"this is not sqlite at all" * 100, b"SQLite format 3\x00" + b"\x07" * 2000])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rag import cli
+from rag.errors import RagError
 
 
 def test_ingest_status_chunks_delete_roundtrip(
@@ -123,6 +124,22 @@ def test_chunks_honours_groups(two_readers_db: Path, capsys: pytest.CaptureFixtu
     assert capsys.readouterr().err == "error: no document 'backups.md' is visible to all\n"
 
 
+def test_status_and_chunks_name_a_collection_that_is_not_there(
+    two_readers_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    for command in ("status", "chunks", "search"):  # search has always said so; status and chunks now do too
+        argv = [command, *(["vpn"] if command == "search" else []), "--db", str(two_readers_db)]
+        assert cli.main([*argv, "--collection", "nocoll"]) == 1, command
+        captured = capsys.readouterr()
+        assert captured.err == "error: no collection named 'nocoll'. Collections here: default.\n", command
+        assert captured.out == "", command
+    assert cli.main(["status", "--db", str(two_readers_db), "--collection", "default"]) == 0
+    assert "2 documents: 2 ok" in capsys.readouterr().out
+    assert cli.main(["status", "--db", str(two_readers_db)]) == 0  # no --collection: every collection
+    assert "2 documents: 2 ok" in capsys.readouterr().out
+
+
 def test_search_says_how_it_mended_the_spelling_for_this_reader(
     two_readers_db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -165,3 +182,54 @@ def test_models_lists_the_directory_and_prunes_what_nothing_loads(
     assert not source.exists() and copy.exists()
     assert cli.main(["models", "--json"]) == 0
     assert [entry["path"] for entry in json.loads(capsys.readouterr().out)] == [str(copy)]
+
+
+def test_prepare_report_creates_folders_and_refuses_a_folder_or_a_file_in_the_way(tmp_path: Path) -> None:
+    new = tmp_path / "deep" / "er" / "report.json"
+    cli.prepare_report(str(new))
+    assert new.parent.is_dir() and not new.exists()  # folders made, no empty report left behind
+    kept = tmp_path / "old.json"
+    kept.write_text("previous run\n", encoding="utf-8")
+    cli.prepare_report(str(kept))
+    assert kept.read_text(encoding="utf-8") == "previous run\n"  # checked, not truncated
+    with pytest.raises(RagError) as folder:
+        cli.prepare_report(str(tmp_path))
+    assert str(folder.value) == f"cannot write the report to {tmp_path}: it is a folder; give a file name"
+    with pytest.raises(RagError) as under_file:
+        cli.prepare_report(str(kept / "x.json"))
+    assert str(under_file.value) == f"cannot write the report to {kept / 'x.json'}: {kept} is a file, not a folder"
+    cli.prepare_report("-")
+    cli.prepare_report(None)
+
+
+def test_a_report_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(RagError) as error:
+        cli.write_report("{}", str(tmp_path / "r.json"))
+    assert str(error.value) == f"cannot write the report to {tmp_path / 'r.json'}: No space left on device"
+
+
+def test_the_permissions_guide_says_which_commands_run_as_all_and_which_are_operator_views() -> None:
+    import argparse
+
+    from .conftest import GUIDE
+
+    parser, _ = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    groups_default = {name: next((a.default for a in commands[name]._actions if a.dest == "groups"), "no option")
+                      for name in ("ask", "search", "source", "chunks", "status")}
+    assert groups_default == {"ask": "all", "search": "all", "source": "all", "chunks": None, "status": "no option"}
+    for page, sentences in {
+        "permissions.md": ["Without `--groups`, `rag ask`, `rag search` and `rag source` run as a reader holding "
+                           "only `all`.", "`rag chunks` and `rag status` are operator views"],
+        "vi/quyen-truy-cap.md": ["Không có `--groups`, các lệnh `rag ask`, `rag search` và `rag source` chạy như "
+                                 "một người đọc chỉ có nhóm `all`.", "`rag chunks` và `rag status` là các chế độ "
+                                 "xem của người vận hành"],
+    }.items():
+        text = " ".join((GUIDE / page).read_text(encoding="utf-8").split())
+        assert "Without `--groups` a command runs as a reader holding only `all`" not in text
+        for sentence in sentences:
+            assert sentence in text, (page, sentence)

@@ -167,6 +167,9 @@ def test_audit_log_since_user_csv_and_prune(db_path: Path | str, tmp_path: Path,
     assert "wrote 2 audit rows" in capsys.readouterr().err
     table = list(csv.reader(io.StringIO(target.read_text(encoding="utf-8"))))
     assert [r[4] for r in table] == ["question", "old one", "Leave days?"]
+    assert run(["audit", "--csv", str(target.parent), *db], monkeypatch) == 1
+    assert capsys.readouterr().err == (f"error: cannot write the report to {target.parent}: it is a folder; give a "
+                                       "file name\n")
     assert run(["audit", "--json", "--since", "2026-03-01T09:00:30Z", "--user", "alice", *db], monkeypatch) == 0
     assert [r["action"] for r in json.loads(capsys.readouterr().out)] == ["sign_in_failed"]
     assert run(["audit", "--since", "yesterday", *db], monkeypatch) == 1

@@ -37,6 +37,7 @@ def test_strings_with_quotes_and_backslashes_survive(data_dir: Path, tmp_path: P
     ({"max_distance": 3.0}, "max_distance must lie in [0, 2]"),
     ({"rewrite": "magic"}, "rewrite must be"),
     ({"window_chars": -1}, "window_chars must be 0"),
+    ({"chunk_tokens": -1}, "chunk_tokens must be 0"),
     ({"toneless_dense_share": -0.1}, "toneless_dense_share must lie in [0, 1]"),
     ({"window_weight": 1.5}, "window_weight must lie in [0, 1]"),
     ({"fusion": "borda"}, "fusion must be one of convex, rrf"),
@@ -60,3 +61,12 @@ def test_environment_overrides_are_named(monkeypatch: pytest.MonkeyPatch) -> Non
     assert env_overrides() == []
     monkeypatch.setenv("RAG_MAX_DISTANCE", "0.5")
     assert env_overrides() == ["max_distance"]
+
+
+def test_a_negative_chunk_tokens_is_refused_when_the_settings_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAG_CHUNK_TOKENS", "-1")
+    with pytest.raises(RagError) as error:
+        load_settings()
+    assert str(error.value) == "chunk_tokens must be 0 (the embedder's default budget) or more (got -1)"
+    monkeypatch.setenv("RAG_CHUNK_TOKENS", "0")
+    assert load_settings().chunk_tokens == 0  # 0 = the embedder's default

@@ -448,6 +448,30 @@ def test_cli_eval_fails_on_leaks(cli_env: Path, db_path: Path, monkeypatch: pyte
     assert "leak" in capsys.readouterr().err
 
 
+def test_cli_eval_refuses_a_report_path_it_cannot_write_before_the_run(
+    cli_env: Path, db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag.cli import main
+
+    def no_run(*_a: object, **_k: object) -> None:
+        raise AssertionError("the report path is checked before the evaluation runs")
+
+    monkeypatch.setattr(evaluate, "run_eval", no_run)
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    base = ["eval", "--db", str(db_path), "--golden", str(cli_env), "--no-save", "--json"]
+    assert main([*base, str(folder)]) == 1
+    assert capsys.readouterr().err == f"error: cannot write the report to {folder}: it is a folder; give a file name\n"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x", encoding="utf-8")
+    assert main([*base, str(blocker / "run.json")]) == 1
+    assert capsys.readouterr().err == (f"error: cannot write the report to {blocker / 'run.json'}: {blocker} is a "
+                                       "file, not a folder\n")
+    assert main(["eval", "strategies", "--corpus", str(tmp_path), "--golden", str(cli_env), "--json",
+                 str(folder)]) == 1
+    assert "it is a folder" in capsys.readouterr().err
+
+
 def test_cli_eval_needs_an_existing_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rag.cli import main
 

@@ -114,6 +114,27 @@ def test_calibrating_stores_the_policy_of_the_way_the_answers_were_made(
     assert set(policy.before.fitted_on) == {"golden", *decide.bundled_policy(kind).before.fitted_on}
 
 
+def test_cli_eval_answers_creates_the_report_folder_and_refuses_a_folder_before_asking(
+    setup: tuple[store.Connection, Settings, Path], db_path: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, _, golden = setup
+    out = tmp_path / "missing" / "dir" / "answers.json"
+    assert cli.main(["eval", "answers", "--db", str(db_path), "--golden", str(golden), "--no-generate",
+                     "--json", str(out)]) == 0
+    assert len(json.loads(out.read_text(encoding="utf-8"))["rows"]) == 2  # as `rag eval --json`: folders made
+    capsys.readouterr()
+
+    def no_run(*_a: object, **_k: object) -> None:
+        raise AssertionError("the report path is checked before any question is asked")
+
+    monkeypatch.setattr("rag.evaluate_answers.run_answers", no_run)
+    assert cli.main(["eval", "answers", "--db", str(db_path), "--golden", str(golden), "--no-generate",
+                     "--json", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"error: cannot write the report to {tmp_path}: it is a folder; give a file "
+                                       "name\n")
+
+
 def test_unsupported_model_sentences_are_counted_from_the_trace(
     setup: tuple[store.Connection, Settings, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -119,3 +119,43 @@ def test_broken_inputs_raise_a_clear_reason(name: str, data: bytes | str | None,
     assert isinstance(data, bytes)
     with pytest.raises(ExtractionError, match=reason):
         extract(Path(name), data)
+
+
+NO_TEXT = "the file holds no text (empty, or only whitespace, invisible characters or markup without a letter or digit)"
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("zwsp.txt", "\u200b\n".encode()),
+        ("doublebom.txt", b"\xef\xbb\xbf\xef\xbb\xbf\n"),  # the second BOM is read as a U+FEFF character
+        ("emptyheading.md", b"# \n\n"),
+        ("hashes.md", b"#\n\n## \n\n---\n\n***\n"),
+        ("joiners.md", "\u200d\u2060\u00ad \u200e\n".encode()),
+        ("nbsp.html", b"<html><body><p>&nbsp;&#8203;</p></body></html>"),
+        ("frontonly.md", "---\ntitle: T\n---\n\u200b\n".encode()),
+    ],
+)
+def test_a_file_without_a_letter_or_digit_holds_no_text(name: str, data: bytes) -> None:
+    with pytest.raises(ExtractionError) as error:
+        extract(Path(name), data)
+    assert str(error.value) == NO_TEXT
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "text"),
+    [
+        ("answer.txt", b"42\n", "42\n"),
+        ("note.md", b"Note\n", "Note\n"),
+        ("heading.md", b"# 1\n", "# 1\n"),
+        ("loi.txt", "\ufeffLỗi\n".encode(), "Lỗi\n"),
+        ("one.html", b"<p>&nbsp;x&#8203;</p>", "x\u200b\n"),
+    ],
+)
+def test_a_short_document_with_one_letter_or_digit_is_text(name: str, data: bytes, text: str) -> None:
+    assert extract(Path(name), data).text == text
+
+
+def test_a_pdf_without_a_letter_or_digit_has_no_extractable_text() -> None:
+    with pytest.raises(ExtractionError, match="the PDF has no extractable text"):
+        extract(Path("dots.pdf"), make_pdf(["- . -"]))
