@@ -1654,11 +1654,34 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     return parser, handlers
 
 
+# Control characters a document may hold (ESC starts a terminal's colour, title and cursor
+# sequences, BEL rings): shown as \xNN on a terminal, never obeyed. Tab and newline stay.
+_SHOWN_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)}
+
+
+class TerminalText:
+    """A terminal's stdout that shows control characters instead of obeying them: ``rag search``,
+    ``source`` and ``ask`` print passages of documents, and a file holding ``\x1b]2;…`` could
+    retitle, recolour or rewrite the reader's terminal. Pipes and files get the text as it is."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return int(self._stream.write(text.translate(_SHOWN_CONTROLS)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
     from rag import store
 
+    stdout = sys.stdout
+    if stdout.isatty():
+        sys.stdout = TerminalText(stdout)  # write() is all print() needs; the rest is the stream's own
     try:
         from rag.resources import Resources
 
@@ -1673,6 +1696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

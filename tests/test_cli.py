@@ -233,3 +233,46 @@ def test_the_permissions_guide_says_which_commands_run_as_all_and_which_are_oper
         assert "Without `--groups` a command runs as a reader holding only `all`" not in text
         for sentence in sentences:
             assert sentence in text, (page, sentence)
+
+
+class FakeTerminal:
+    """A stdout that says it is a terminal and keeps what was written."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.written.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_documents_control_characters_are_shown_not_obeyed_on_a_terminal(
+    tmp_path: Path, db_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from .fakes import FakeEmbedder
+
+    monkeypatch.setattr("rag.registry.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "t.txt").write_text("Title\n\nThe beacon \x1b]2;pwned\x07 sits \x1b[31mred\x1b[0m on port 9.\n",
+                                  encoding="utf-8")
+    assert cli.main(["ingest", str(corpus), "--db", str(db_path)]) == 0
+    capsys.readouterr()
+    terminal, piped = FakeTerminal(), sys.stdout
+    monkeypatch.setattr(sys, "stdout", terminal)
+    assert cli.main(["search", "beacon port", "--db", str(db_path), "--stage", "fts"]) == 0
+    shown = "".join(terminal.written)
+    assert "\\x1b]2;pwned\\x07" in shown and "\\x1b[31mred" in shown
+    assert "\x1b" not in shown and "\x07" not in shown and "\n" in shown
+    assert sys.stdout is terminal  # put back after the command
+    monkeypatch.setattr(sys, "stdout", piped)
+    assert cli.main(["search", "beacon port", "--db", str(db_path), "--stage", "fts"]) == 0
+    assert "\x1b[31mred" in capsys.readouterr().out  # a pipe or a file gets the text as it is
