@@ -258,6 +258,21 @@ def not_a_document(path: Path, shown: str) -> str | None:
     return f"{shown} is not a regular file ({kind})"
 
 
+def check_roots(paths: Iterable[str | Path]) -> None:
+    """Refuse a path to ingest that does not exist or is neither a file nor a folder; the CLI
+    calls it before it creates the database, so a mistyped folder leaves no empty file behind.
+
+    Raises:
+        RagError: the first such path, with the reason.
+    """
+    for raw in paths:
+        root = Path(raw).expanduser()
+        if not root.exists():
+            raise RagError(f"no such file or folder: {_printable(str(raw))}")
+        if not root.is_file() and not root.is_dir():  # a named pipe, socket or device: its walk finds nothing
+            raise RagError(f"{not_a_document(root, _printable(str(raw)))}: give a document or a folder of documents")
+
+
 def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
     """Files under each path (a folder is walked; its supported files are taken).
 
@@ -269,17 +284,15 @@ def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
         RagError: a path does not exist or is neither a regular file nor a folder, or two paths would
             give two files the same source name.
     """
+    paths = list(paths)
+    check_roots(paths)
     roots = [Path(raw).expanduser() for raw in paths]
     several = len(roots) > 1
     found: dict[str, FoundFile] = {}
-    for raw, root in zip(paths, roots, strict=True):
-        if not root.exists():
-            raise RagError(f"no such file or folder: {_printable(str(raw))}")
+    for root in roots:
         if root.is_file():
             _add(found, _found(root.resolve(), root.name))
             continue
-        if not root.is_dir():  # a named pipe, socket or device: walking it would find nothing, silently
-            raise RagError(f"{not_a_document(root, _printable(str(raw)))}: give a document or a folder of documents")
         prefix = f"{root.resolve().name}/" if several else ""
         for file in sorted(root.rglob("*")):
             rel = file.relative_to(root)

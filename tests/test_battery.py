@@ -298,6 +298,7 @@ def test_a_missing_folder_is_one_line(
 ) -> None:
     code, _, err = run(capsys, caplog, "ingest", str(tmp_path / "nope"), "--db", str(tmp_path / "x.db"))
     assert code == 1 and "no such file or folder" in one_error_line(err)
+    assert not (tmp_path / "x.db").exists()  # refused before the database is created
 
 
 def test_a_named_pipe_given_explicitly_is_refused_with_its_reason(
@@ -310,6 +311,7 @@ def test_a_named_pipe_given_explicitly_is_refused_with_its_reason(
         assert code == 1 and out == ""  # not "0 files" with no reason
         assert one_error_line(err) == (f"error: {pipe} is not a regular file (a named pipe): give a document or a "
                                        "folder of documents")
+        assert not (tmp_path / "x.db").exists()
 
 
 # ---------------------------------------------------------------------------------------------
