@@ -459,8 +459,10 @@ def ingest(
     name = collection or settings.collection
     files = discover(paths)
     coll = open_or_create_collection(conn, name, embedder, strategy, settings.strategy)
-    results, files = _refuse_hidden(conn, coll, files, writer)
-    naming = name_warnings(store.document_paths(conn, coll.id), files)
+    stored = store.document_names(conn, coll.id)
+    visible = None if writer is None else set(store.visible_access_keys(conn, writer))
+    results, files = refuse_hidden(stored, files, visible)
+    naming = name_warnings({source: path for source, (path, _key) in stored.items()}, files)
     found_results, embedded, embed_seconds = ingest_found(
         conn, coll, files, embedder=embedder, settings=settings, acl=acl or AclRules(), retry_failed=retry_failed,
         on_progress=on_progress,
@@ -617,20 +619,24 @@ def _refresh_groups(conn: store.Connection, coll: Collection, row: Any, source: 
     return FileResult(source, "unchanged", row["chunk_count"])
 
 
-def _refuse_hidden(
-    conn: store.Connection, coll: Collection, files: Sequence[FoundFile], writer: Sequence[str] | None
+def refuse_hidden(
+    stored: Mapping[str, tuple[str, int]], files: Sequence[FoundFile], visible: set[int] | None
 ) -> tuple[list[FileResult], list[FoundFile]]:
-    """Split ``files`` into the failures of those named like a stored document ``writer`` may not
+    """Split ``files`` into the failures of those named like a stored document the writer may not
     read (untouched: an editor's upload must not replace, nor make public, what hr alone may
-    read) and the files to ingest. The reason says a document holds the name, not what it is."""
-    if writer is None:
+    read) and the files to ingest. The reason says a document holds the name, not what it is.
+
+    Args:
+        stored: ``store.document_names`` of the collection.
+        visible: the access keys the writer may read; None: the operator, who may write any.
+    """
+    if visible is None:
         return [], list(files)
-    visible = set(store.visible_access_keys(conn, writer))
     refused: list[FileResult] = []
     kept: list[FoundFile] = []
     for found in files:
-        row = store.find_document(conn, coll.id, found.source)
-        if row is not None and row["access_key"] not in visible:
+        held = stored.get(found.source)
+        if held is not None and held[1] not in visible:
             refused.append(FileResult(found.source, "failed", error=(
                 "a document you may not read is stored under this name; rename the file, or ask an "
                 "administrator")))

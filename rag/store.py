@@ -521,10 +521,11 @@ class StoredChunk:
     windows: np.ndarray | None = None  # (n, dimension) vectors of its sentence windows, or None
 
 
-def document_paths(conn: Connection, collection_id: int) -> dict[str, str]:
-    """Each stored document's source name -> the absolute path it was last read from."""
-    rows = conn.execute("SELECT source, path FROM documents WHERE collection_id = ?", (collection_id,))
-    return {row["source"]: row["path"] for row in rows}
+def document_names(conn: Connection, collection_id: int) -> dict[str, tuple[str, int]]:
+    """Each stored document's source name -> (the absolute path it was last read from, its access
+    key): what an ingest run checks its files against, without reading any document's text."""
+    rows = conn.execute("SELECT source, path, access_key FROM documents WHERE collection_id = ?", (collection_id,))
+    return {row["source"]: (row["path"], int(row["access_key"])) for row in rows}
 
 
 def find_document(conn: Connection, collection_id: int, source: str) -> Any | None:
