@@ -93,8 +93,7 @@ with ui.frame("run_eval") as view:
         run_id = st.selectbox("Run", list(labels), format_func=labels.__getitem__)
         try:
             report = history.load_report(view.conn, run_id)
-            flipped = history.run_flips(view.conn, run_id, k=8)
-            flips_note = history.flips_note(view.conn, run_id, k=8)
+            flipped, flips_note = history.flips_since(view.conn, run_id, k=8)
         except RagError as e:
             ui.stop_on(e)
         gate = report.gate

@@ -620,10 +620,10 @@ def cmd_eval_history(args: argparse.Namespace, resources: Resources) -> int:
         print("no evaluation runs stored: run `rag eval --db FILE --golden G.json` first")
         return 0
     print(format_history(runs, k=args.k))
-    for f in history.run_flips(conn, runs[0].id, k=args.k):
+    flipped, note = history.flips_since(conn, runs[0].id, k=args.k)
+    for f in flipped:
         print(f"run {runs[0].id} vs previous: {f.query} {f.stage} R@{args.k} {f.change} "
               f"(rank {f.before} -> {f.after})")
-    note = history.flips_note(conn, runs[0].id, k=args.k)
     if note:
         print(note)
     return 0

@@ -209,23 +209,16 @@ def unmeasured_flips(before: EvalReport, after: EvalReport, k: int) -> str:
     return f"R@{k} flips are not shown: run {' and '.join(shallow)} retrieved fewer than {k} hits per query"
 
 
-def flips_note(conn: store.Connection, run_id: int, k: int = 8) -> str:
-    """``unmeasured_flips`` for a stored run and the one before it ("" without one)."""
-    before_id = previous_run(conn, run_id)
-    if before_id is None:
-        return ""
-    return unmeasured_flips(load_report(conn, before_id), load_report(conn, run_id), k)
-
-
-def run_flips(conn: store.Connection, run_id: int, k: int = 8, previous: int | None = None) -> list[Flip]:
+def flips_since(conn: store.Connection, run_id: int, k: int = 8, previous: int | None = None) -> tuple[list[Flip], str]:
     """Queries whose hit-rate@k (R@k) outcome changed since the previous run (or ``previous``), per
-    stage; none when either run retrieved fewer than ``k`` hits (``unmeasured_flips``)."""
+    stage, and why none can be told ("" when they can: ``unmeasured_flips``), both runs read once."""
     before_id = previous if previous is not None else previous_run(conn, run_id)
     if before_id is None:
-        return []
+        return [], ""
     before, after = load_report(conn, before_id), load_report(conn, run_id)
-    if unmeasured_flips(before, after, k):
-        return []
+    note = unmeasured_flips(before, after, k)
+    if note:
+        return [], note
     out: list[Flip] = []
     for stage in after.stages:
         if stage not in before.stages:
@@ -234,7 +227,12 @@ def run_flips(conn: store.Connection, run_id: int, k: int = 8, previous: int | N
         lost, gained = flips(old, new, k)
         out.extend(Flip(q, stage, "lost", old[q], new[q]) for q in lost)
         out.extend(Flip(q, stage, "gained", old[q], new[q]) for q in gained)
-    return out
+    return out, ""
+
+
+def run_flips(conn: store.Connection, run_id: int, k: int = 8, previous: int | None = None) -> list[Flip]:
+    """The flips of ``flips_since`` (none when either run retrieved fewer than ``k`` hits)."""
+    return flips_since(conn, run_id, k, previous)[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,9 +45,9 @@ def test_no_flips_against_a_run_that_did_not_look_k_deep(built: Any, golden: Gol
     assert shallow.config.depth == 4
     shallow_id = history.save_run(built, shallow)
     assert history.run_flips(built, shallow_id, k=8) == []
-    assert history.flips_note(built, shallow_id, k=8) == (
-        f"R@8 flips are not shown: run #{shallow_id} retrieved fewer than 8 hits per query")
-    assert history.flips_note(built, first_id, k=8) == ""  # no run before it
+    assert history.flips_since(built, shallow_id, k=8) == (
+        [], f"R@8 flips are not shown: run #{shallow_id} retrieved fewer than 8 hits per query")
+    assert history.flips_since(built, first_id, k=8) == ([], "")  # no run before it
     assert history.run_flips(built, shallow_id, k=4) == [Flip("G1/q", "dense", "lost", 2, None)]  # 4 deep: told
 
 
