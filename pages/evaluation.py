@@ -101,12 +101,14 @@ with ui.frame("run_eval") as view:
         c1.metric("Queries", report.queries.total, help=f"{report.queries.answerable} answerable")
         c2.metric("Leaks", report.leaks.total, help="Forbidden evidence in the top k: must be 0.")
         c3.metric("Destroyed", report.destroyed.queries,
-                  help="Answerable queries whose quote no chunk holds whole.")
+                  help="Answerable queries whose quote is in its document but no chunk holds it whole.")
         c4.metric("Threshold", f"{gate.current.threshold:.3f}",
                   help=f"{gate.current.bluffs} bluffs, {gate.current.lost} lost answers")
         c5.metric("Recommended", f"{gate.recommended.threshold:.3f}",
                   help=f"{gate.recommended.bluffs} bluffs, {gate.recommended.lost} lost answers")
 
+        if report.destroyed.missing:
+            st.warning(ui.missing_needles_text(report.destroyed))
         chart_left, chart_right = st.columns(2)
         with chart_left:
             st.markdown("**Recall@k per stage** (95 % Wilson intervals)")

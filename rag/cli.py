@@ -665,8 +665,18 @@ def _stage_lines(report: EvalReport) -> list[str]:
         "",
         f"answerable queries: {first.n}; destroyed by chunking: {destroyed.queries} "
         f"(items {', '.join(destroyed.items) or 'none'}), recall ceiling {first.ceiling:.3f}",
-        f"leaks: {leaks.total}" + ("  <-- MUST BE 0" if leaks.total else ""),
     ]
+    if destroyed.missing:
+        lines.append(
+            f"golden-set mistakes: {len(destroyed.missing)} evidence quotes no indexed document holds"
+            + (f"; items {', '.join(destroyed.missing_items)} ({destroyed.missing_queries} queries) cannot be found"
+               if destroyed.missing_items else "")
+        )
+        for m in destroyed.missing[:20]:
+            lines.append(f"  {m.reason}: {m.source}: {m.quote[:60]!r}")
+        if len(destroyed.missing) > 20:
+            lines.append(f"  … and {len(destroyed.missing) - 20} more (rag eval --json has them all)")
+    lines.append(f"leaks: {leaks.total}" + ("  <-- MUST BE 0" if leaks.total else ""))
     for leak in leaks.found[:20]:
         lines.append(f"  LEAK {leak.query} {leak.stage} rank {leak.rank}: {leak.source} ({leak.reason})")
     return lines
@@ -713,8 +723,10 @@ def _per_query_lines(report: EvalReport) -> list[str]:
     """One line per query: first relevant rank per stage (or LEAK), closest distance, gate outcome."""
     config, gate = report.config, report.gate
     kmax, stages = max(config.ks), config.stages
+    missing = set(report.destroyed.missing_items)
     lines = [f"per query: rank of the first relevant hit (- none in top {config.depth}; (r) beyond "
-             f"k={kmax}); closest distance and gate outcome at {gate.current.threshold:.3f} on {gate.stage}"]
+             f"k={kmax}); closest distance and gate outcome at {gate.current.threshold:.3f} on {gate.stage}; "
+             "destroyed X by chunking, ? quote in no document"]
     rows = []
     for q in report.per_query:
         short = {"answerable": "ans", "unanswerable": "unans", "forbidden": "forb"}[q.kind]
@@ -723,7 +735,8 @@ def _per_query_lines(report: EvalReport) -> list[str]:
         else:
             ranks = ["LEAK" if s in q.leaks else "." for s in stages]
         distance = q.min_distance.get(gate.stage)
-        rows.append([q.id, short, "X" if q.destroyed else "", *ranks, "" if distance is None else f"{distance:.3f}",
+        lost = "X" if q.destroyed else "?" if q.kind == "answerable" and q.item in missing else ""
+        rows.append([q.id, short, lost, *ranks, "" if distance is None else f"{distance:.3f}",
                      q.gate or "", q.query[:70]])
     return lines + _table(["query", "kind", "destroyed", *stages, "dmin", "gate", "text"], rows)
 

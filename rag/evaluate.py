@@ -53,7 +53,7 @@ from rag.metrics import (
     wilson_interval,
 )
 from rag.records import Collection, Hit
-from rag.text import QUERY_LANGUAGES, query_language
+from rag.text import QUERY_LANGUAGES, query_language, relevance_norm
 
 if TYPE_CHECKING:
     from rag.translate import Translator
@@ -213,21 +213,54 @@ class QueryCounts:
 
 
 @dataclass(frozen=True, slots=True)
-class Destroyed:
-    """What chunking made impossible to find."""
+class MissingNeedle:
+    """A golden needle no document of the collection holds: a mistake in the golden set, not chunking's."""
 
-    items: tuple[str, ...]  # answerable items with every needle cut
+    source: str
+    quote: str
+    reason: str  # NOT_INDEXED or NOT_IN_DOCUMENT
+
+    def to_json(self) -> dict[str, str]:
+        return {"source": self.source, "quote": self.quote, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> MissingNeedle:
+        return cls(str(raw["source"]), str(raw["quote"]), str(raw["reason"]))
+
+
+NOT_INDEXED = "source not indexed"
+NOT_IN_DOCUMENT = "quote not in its document"
+
+
+@dataclass(frozen=True, slots=True)
+class Destroyed:
+    """What chunking made impossible to find, and the golden needles no document holds at all.
+
+    An answerable item is unfindable when every one of its needles is lost. It counts as destroyed
+    by chunking (``items``) when at least one of them is in its document but no chunk holds it
+    whole; when none is in its document at all it is a golden-set mistake (``missing_items``).
+    """
+
+    items: tuple[str, ...]  # answerable items with every needle lost, chunking to blame
     queries: int  # their queries
-    needles: tuple[Evidence, ...]  # every golden needle no chunk holds whole
+    needles: tuple[Evidence, ...]  # golden needles in their document that no chunk holds whole
+    missing_items: tuple[str, ...] = ()  # answerable items none of whose needles is in its document
+    missing_queries: int = 0  # their queries
+    missing: tuple[MissingNeedle, ...] = ()  # golden needles no indexed document holds
 
     def to_json(self) -> dict[str, Any]:
         return {"items": list(self.items), "queries": self.queries,
-                "needles": [{"source": e.source, "quote": e.quote} for e in self.needles]}
+                "needles": [{"source": e.source, "quote": e.quote} for e in self.needles],
+                "missing_items": list(self.missing_items), "missing_queries": self.missing_queries,
+                "missing": [m.to_json() for m in self.missing]}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Destroyed:
+        # reports written before the missing keys existed read as "no golden-set mistakes found"
         return cls(tuple(raw["items"]), int(raw["queries"]),
-                   tuple(Evidence(e["source"], e["quote"]) for e in raw["needles"]))
+                   tuple(Evidence(e["source"], e["quote"]) for e in raw["needles"]),
+                   tuple(raw.get("missing_items", ())), int(raw.get("missing_queries", 0)),
+                   tuple(MissingNeedle.from_json(m) for m in raw.get("missing", ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,9 +578,11 @@ class CollectionFacts:
 
     collection: Collection
     doc_groups: dict[str, set[str]]  # source -> groups that may read it
-    lost_needles: frozenset[tuple[str, str]]  # (source, quote) no chunk holds whole
-    destroyed_items: frozenset[str]  # answerable items with every needle lost
+    lost_needles: frozenset[tuple[str, str]]  # (source, quote) in its document, no chunk holds whole
+    destroyed_items: frozenset[str]  # answerable items with every needle lost, chunking to blame
     threshold: float  # the gate threshold in force (rag.gate.gate_threshold)
+    missing: tuple[MissingNeedle, ...] = ()  # needles no indexed document holds
+    missing_items: frozenset[str] = frozenset()  # answerable items none of whose needles is in its document
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,19 +598,56 @@ class RunPlan:
     max_sources: int
 
 
+def missing_needles(
+    document_texts: Mapping[str, str], needles: Sequence[tuple[str, str]]
+) -> list[MissingNeedle]:
+    """The needles whose source is not indexed, or whose quote its document's text does not hold.
+
+    Read with the relevance rule (``relevance_norm``) the chunks are read with, so a needle is
+    missing here only if no chunking at all could keep it: a typo in the golden quote, a wrong
+    source path, or a file that failed to ingest.
+
+    Args:
+        document_texts: source -> the canonical text of an indexed document.
+        needles: ``(source, quote)`` pairs.
+    """
+    normalised: dict[str, str] = {}
+    missing = []
+    for source, quote in dict.fromkeys(needles):
+        if source not in document_texts:
+            missing.append(MissingNeedle(source, quote, NOT_INDEXED))
+            continue
+        if source not in normalised:
+            normalised[source] = relevance_norm(document_texts[source])
+        if relevance_norm(quote) not in normalised[source]:
+            missing.append(MissingNeedle(source, quote, NOT_IN_DOCUMENT))
+    return missing
+
+
 def collection_facts(conn: store.Connection, coll: Collection, golden: Golden, settings: Settings) -> CollectionFacts:
-    """Which golden needles survived chunking, who may read each document, the threshold in force."""
+    """Which golden needles survived chunking or were never in a document, who may read each one."""
     contents: dict[str, list[str]] = {}
     for row in store.chunk_rows(conn, collection=coll.name):
         contents.setdefault(row["source"], []).append(row["content"])
-    doc_groups = {row["source"]: set(json.loads(row["groups"])) for row in store.document_rows(conn, coll.name)}
+    documents = store.document_rows(conn, coll.name)
+    doc_groups = {row["source"]: set(json.loads(row["groups"])) for row in documents}
+    texts = {row["source"]: row["canonical_text"] for row in documents
+             if row["status"] == "ok" and row["canonical_text"] is not None}
     needles = [(e.source, e.quote) for item in golden.items for e in item.evidence]
-    lost = frozenset(destroyed_needles(contents, needles))
-    destroyed = frozenset(
-        item.id for item in golden.items
-        if item.kind == "answerable" and all((e.source, e.quote) in lost for e in item.evidence)
+    cut = destroyed_needles(contents, needles)
+    missing = missing_needles(texts, cut)
+    absent = {(m.source, m.quote) for m in missing}
+    lost = frozenset(cut) - absent
+    unfindable = [
+        item for item in golden.items
+        if item.kind == "answerable" and all((e.source, e.quote) in lost | absent for e in item.evidence)
+    ]
+    missing_items = frozenset(
+        item.id for item in unfindable if all((e.source, e.quote) in absent for e in item.evidence)
     )
-    return CollectionFacts(coll, doc_groups, lost, destroyed, gate.gate_threshold(settings, coll))
+    destroyed = frozenset(item.id for item in unfindable) - missing_items
+    return CollectionFacts(coll, doc_groups, lost, destroyed, gate.gate_threshold(settings, coll),
+                           tuple(missing), missing_items)
 
 
 def find_leaks(
@@ -628,7 +700,11 @@ def stage_result(
     stage: str, answerable: Sequence[Query], runs: Mapping[tuple[str, str], StageRun], ks: Sequence[int],
     destroyed_items: frozenset[str], leaks: int,
 ) -> StageResult:
-    """Hit rate@k with intervals, MRR@k and the ceiling of one stage over the answerable queries."""
+    """Hit rate@k with intervals, MRR@k and the ceiling of one stage over the answerable queries.
+
+    ``destroyed_items`` are every answerable item no chunk can be relevant to, whether chunking
+    or the golden set is to blame: the ceiling is the best hit rate the run could reach.
+    """
     ranks = [runs[(q.id, stage)].rank for q in answerable]
     destroyed_queries = sum(q.item.id in destroyed_items for q in answerable)
     return StageResult(
@@ -771,12 +847,16 @@ def run_eval(
     return EvalReport(
         config=run_config(plan, coll, golden, settings, commit),
         queries=counts,
-        stages={s: stage_result(s, answerable, runs, plan.ks, facts.destroyed_items, by_stage[s])
+        stages={s: stage_result(s, answerable, runs, plan.ks, facts.destroyed_items | facts.missing_items,
+                                by_stage[s])
                 for s in plan.stages},
         destroyed=Destroyed(
             items=tuple(sorted(facts.destroyed_items)),
             queries=sum(q.item.id in facts.destroyed_items for q in answerable),
             needles=tuple(Evidence(s, quote) for s, quote in sorted(facts.lost_needles)),
+            missing_items=tuple(sorted(facts.missing_items)),
+            missing_queries=sum(q.item.id in facts.missing_items for q in answerable),
+            missing=facts.missing,
         ),
         leaks=Leaks(len(found), by_stage, found),
         gate=sweep_report(list(cases.values()), plan, facts.threshold, counts),

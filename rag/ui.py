@@ -34,7 +34,7 @@ from rag.config import Settings, data_dir, load_settings
 from rag.conversation import latest_chat_id, new_chat_id
 from rag.embedding import Embedder
 from rag.errors import NotFoundError, RagError
-from rag.evaluate import EvalReport, StageResult, StrategyTable, breakdown
+from rag.evaluate import Destroyed, EvalReport, StageResult, StrategyTable, breakdown
 from rag.golden import Golden, parse_golden_bytes
 from rag.history import Flip, StoredRun
 from rag.ingest import IndexHealth, IngestReport, choose_embedder, document_statuses, index_health
@@ -585,15 +585,32 @@ def per_query_frame(report: EvalReport, flipped: Sequence[Flip]) -> pd.DataFrame
         changes.setdefault(f.query, []).append(
             f"{f.stage} {f.change} ({_rank_text(f.before)} → {_rank_text(f.after)})"
         )
+    missing = set(report.destroyed.missing_items)
     rows = []
     for q in report.per_query:
         rows.append({
             "id": q.id, "kind": q.kind, "query": q.query, "groups": ", ".join(q.groups),
             **{f"rank {s}": q.ranks.get(s) for s in report.stages},
-            "gate": q.gate or "", "destroyed": q.destroyed, "leaks": ", ".join(q.leaks),
+            "gate": q.gate or "", "destroyed": q.destroyed,
+            "quote in no document": q.kind == "answerable" and q.item in missing,
+            "leaks": ", ".join(q.leaks),
             "flip since previous run": "; ".join(changes.get(q.id, [])),
         })
     return pd.DataFrame(rows)
+
+
+def missing_needles_text(destroyed: Destroyed, shown: int = 8) -> str:
+    """The golden-set mistakes of a run in Markdown: needles no indexed document holds, and why."""
+    lines = [f"**{len(destroyed.missing)} evidence quote(s) of the golden set are in no indexed document** — "
+             "a mistake in the golden set (a typo in the quote, a wrong source path) or a file that was not "
+             "indexed, not something chunking did."]
+    if destroyed.missing_items:
+        lines.append(f"Items {', '.join(destroyed.missing_items)} ({destroyed.missing_queries} queries) cannot be "
+                     "found by any stage; they count against recall and the ceiling.")
+    lines += [f"- {m.reason}: `{m.source}`: “{m.quote[:80]}”" for m in destroyed.missing[:shown]]
+    if len(destroyed.missing) > shown:
+        lines.append(f"- … and {len(destroyed.missing) - shown} more (`rag eval --json` lists them all)")
+    return "\n".join(lines)
 
 
 def _rank_text(rank: int | None) -> str:

@@ -17,7 +17,7 @@ from rag.cli import format_comparison, format_report, format_strategies
 from rag.config import Settings
 from rag.errors import RagError
 from rag.evaluate import EvalReport
-from rag.golden import Golden, is_relevant, parse_golden
+from rag.golden import Evidence, Golden, is_relevant, parse_golden
 from rag.metrics import hit_rate_at_k, paired_counts, sign_test, wilson_interval
 from rag.records import Hit
 
@@ -73,6 +73,52 @@ def test_run_eval_metrics_by_hand(built: Any, golden: Golden, settings: Settings
     assert rows["G1/p1"].ranks == {"dense": 4, "hybrid": 1}
     assert rows["G2/q"].destroyed and rows["G2/q"].ranks == {"dense": None, "hybrid": None}
     assert rows["G5/q"].min_distance == {"dense": 0.66, "hybrid": 0.66}  # the closest, not the first
+
+
+def test_golden_mistakes_are_not_blamed_on_chunking(built: Any, settings: Settings) -> None:
+    # G6 quotes leave.md with a typo, G7 names a file that was never indexed, G8 has one needle of
+    # each kind beside a good one: only G2 (a needle cut in two) is destroyed by chunking.
+    extra = [
+        {"id": "G6", "kind": "answerable", "question": "How much sick leave?", "paraphrases": ["sick hrs?"],
+         "groups": ["all"], "evidence": [{"source": "leave.md", "quote": "Sick leave acrues at 4 hours"}]},
+        {"id": "G7", "kind": "answerable", "question": "Who signs expenses?", "paraphrases": [], "groups": ["all"],
+         "evidence": [{"source": "expenses.md", "quote": "Your manager signs every claim"}]},
+        {"id": "G8", "kind": "answerable", "question": "How far ahead to book?", "paraphrases": [],
+         "groups": ["all"], "evidence": [{"source": "travel.md", "quote": "at least 14 days ahead"},
+                                         {"source": "expenses.md", "quote": "Book early"}]},
+    ]
+    golden = parse_golden([*GOLDEN, *extra], "golden_test", "f" * 64)
+    script = dict(SCRIPT)
+    for text in ("How much sick leave?", "sick hrs?", "Who signs expenses?", "How far ahead to book?"):
+        script[(text, "dense")] = script[(text, "hybrid")] = [("leave.md", 2, 0.3), ("travel.md", 0, 0.4)]
+    report = run(built, golden, settings, ScriptedSearch(script))
+    destroyed = report.destroyed
+    assert destroyed.items == ("G2",) and destroyed.queries == 1
+    assert destroyed.needles == (Evidence("travel.md", "Per diem rates follow the GSA schedule for each city"),)
+    assert destroyed.missing_items == ("G6", "G7") and destroyed.missing_queries == 3
+    assert [(m.source, m.reason) for m in destroyed.missing] == [
+        ("leave.md", evaluate.NOT_IN_DOCUMENT), ("expenses.md", evaluate.NOT_INDEXED),
+        ("expenses.md", evaluate.NOT_INDEXED),
+    ]
+    # 8 answerable queries: G2, G6 (twice) and G7 can never be found; G8 is found by its good needle
+    assert report.stages["dense"].ceiling == 0.5
+    assert report.stages["dense"].hit_rate[4].hits == 4  # G1/q, G1/p1, G3, and G8 at rank 2
+    rows = {q.id: q for q in report.per_query}
+    assert rows["G2/q"].destroyed and not rows["G6/q"].destroyed and not rows["G8/q"].destroyed
+    assert EvalReport.from_json(json.loads(json.dumps(report.to_json()))) == report
+    text = format_report(report)
+    assert "destroyed by chunking: 1 (items G2)" in text
+    assert "golden-set mistakes: 3 evidence quotes no indexed document holds; items G6, G7 (3 queries)" in text
+    assert "quote not in its document: leave.md: 'Sick leave acrues at 4 hours'" in text
+    assert "source not indexed: expenses.md" in text
+
+
+def test_reports_from_before_the_missing_keys_still_read() -> None:
+    raw = json.loads(BASELINE.read_text(encoding="utf-8"))
+    for key in ("missing_items", "missing_queries", "missing"):
+        del raw["destroyed"][key]
+    destroyed = EvalReport.from_json(raw).destroyed
+    assert destroyed.missing == () and destroyed.missing_items == () and destroyed.missing_queries == 0
 
 
 def test_run_eval_asks_each_query_as_its_groups(built: Any, golden: Golden, settings: Settings) -> None:

@@ -5,6 +5,7 @@ model loaders are patched so no real model is ever loaded."""
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -539,6 +540,25 @@ def test_evaluation_page_runs_the_bundled_golden_set_and_charts_it(guide_db: Pat
     assert "Run #2" in texts(at)
     assert len(at.dataframe[2].value) == 1  # per corpus: the newest run only
     assert len(at.dataframe[-1].value) == 2  # run history
+
+
+def test_evaluation_page_names_golden_quotes_no_document_holds(guide_db: Path, tmp_path: Path) -> None:
+    golden = json.loads((ROOT / "docs" / "golden_guide.json").read_text(encoding="utf-8"))
+    item = next(i for i in golden if i["kind"] == "answerable")
+    item["evidence"] = [{"source": item["evidence"][0]["source"], "quote": "a quote this guide never wrote"}]
+    path = tmp_path / "golden_typo.json"
+    path.write_text(json.dumps(golden), encoding="utf-8")
+    at = run_page("pages/evaluation.py")
+    at.radio[0].set_value("A file on this machine").run()
+    at.text_input[0].input(str(path)).run()
+    at.button(key="FormSubmitter:run-Run on “default”").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    warning = " ".join(w.value for w in at.warning)
+    assert "1 evidence quote(s) of the golden set are in no indexed document" in warning
+    assert f"Items {item['id']} (" in warning and "quote not in its document" in warning
+    per_query = at.dataframe[1].value
+    flagged = per_query[per_query["quote in no document"]]
+    assert set(flagged["id"].str.split("/").str[0]) == {item["id"]}
 
 
 def test_evaluation_page_reports_a_bad_golden_path(guide_db: Path, tmp_path: Path) -> None:
