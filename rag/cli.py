@@ -116,9 +116,9 @@ def cmd_ingest(args: argparse.Namespace, resources: Resources) -> int:
         print_json(report)
     else:
         for failed in report.failed:
-            print(f"FAILED {failed.source}: {failed.error}", file=sys.stderr)
+            print(f"FAILED {one_line(failed.source)}: {one_line(failed.error or '')}", file=sys.stderr)
         for warning in report.warnings:
-            print(f"WARNING: {warning}", file=sys.stderr)
+            print(f"WARNING: {one_line(warning)}", file=sys.stderr)
         print(report.summary())
     return 0
 
@@ -140,8 +140,8 @@ def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
         return 0
     for d in infos:
         flags = " stale" if d.stale else ""
-        error = f"  {d.error}" if d.error else ""
-        print(f"{d.status:7} {d.chunk_count:5} chunks  {d.collection}/{d.source}{flags}{error}")
+        error = f"  {one_line(d.error)}" if d.error else ""
+        print(f"{d.status:7} {d.chunk_count:5} chunks  {one_line(d.collection)}/{one_line(d.source)}{flags}{error}")
     counts = {s: sum(d.status == s for d in infos) for s in ("ok", "failed", "pending")}
     stale = sum(d.stale for d in infos)
     print(f"{len(infos)} documents: {counts['ok']} ok, {counts['failed']} failed, {counts['pending']} pending, "
@@ -274,7 +274,8 @@ def cmd_chunks(args: argparse.Namespace, resources: Resources) -> int:
     else:
         for c in out:
             flag = " TRUNCATED" if c["truncated"] else ""
-            print(f"#{c['id']} {c['source']} [{c['from']}:{c['to']}] {c['token_count']} tok{flag}  {c['section']}")
+            print(f"#{c['id']} {one_line(c['source'])} [{c['from']}:{c['to']}] {c['token_count']} tok{flag}  "
+                  f"{one_line(c['section'])}")
     return 0
 
 
@@ -992,8 +993,8 @@ def cmd_search(args: argparse.Namespace, resources: Resources) -> int:
         ranks = f"dense {h['dense_rank'] or '-'} fts {h['sparse_rank'] or '-'}"
         rerank = f" rerank {h['rerank_score']:.3f}" if h["rerank_score"] is not None else ""
         learned = f" learned {h['rank_score']:.3f}" if h.get("rank_score") is not None else ""
-        print(f"{h['rank']:2}. {h['source']} [{h['from']}:{h['to']}]  distance {h['distance']:.3f}  {ranks}  "
-              f"fused {h['rrf_score']:.4f}{learned}{rerank}  {h['section']}")
+        print(f"{h['rank']:2}. {one_line(h['source'])} [{h['from']}:{h['to']}]  distance {h['distance']:.3f}  {ranks}  "
+              f"fused {h['rrf_score']:.4f}{learned}{rerank}  {one_line(h['section'])}")
         print("    " + " ".join(h["content"].split())[:160])
     if hits and hits[0]["rerank_fallback"]:
         print(f"not reranked: {hits[0]['rerank_fallback']}", file=sys.stderr)
@@ -1671,6 +1672,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 # Control characters a document may hold (ESC starts a terminal's colour, title and cursor
 # sequences, BEL rings): shown as \xNN on a terminal, never obeyed. Tab and newline stay.
 _SHOWN_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)}
+
+
+# A name or a message printed as one line of a listing (a file may be called "a\nb.md"): every
+# control character, newline and tab included, shown escaped so each entry stays one line.
+_ONE_LINE = {**{c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+             0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and control characters escaped: one line of a listing."""
+    return text.translate(_ONE_LINE)
 
 
 class TerminalText:

@@ -38,6 +38,30 @@ def test_ingest_status_chunks_delete_roundtrip(
     assert "no document" in capsys.readouterr().err
 
 
+def test_a_file_name_with_a_line_break_stays_one_line_of_a_listing(
+    tmp_path: Path, db_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .fakes import FakeEmbedder
+
+    monkeypatch.setattr("rag.registry.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "two\nlines.md").write_text("# Two\n\nThe beacon sits on port 9.\n", encoding="utf-8")
+    (corpus / "bad\tname.txt").write_bytes(b"\xff\xfe\x00")
+    assert cli.main(["ingest", str(corpus), "--db", str(db_path)]) == 0
+    assert "FAILED bad\\tname.txt: " in capsys.readouterr().err
+    assert cli.main(["status", "--db", str(db_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[-1].startswith("2 documents")
+    assert any(line.endswith("default/two\\nlines.md") for line in lines)
+    assert cli.main(["chunks", "--db", str(db_path), "--document", "two\nlines.md"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1  # one chunk, one line
+    assert cli.main(["search", "beacon port", "--db", str(db_path)]) == 0
+    assert "two\\nlines.md [" in capsys.readouterr().out
+    assert cli.main(["status", "--db", str(db_path), "--json"]) == 0  # JSON keeps the name as it is
+    assert "two\nlines.md" in {d["source"] for d in json.loads(capsys.readouterr().out)}
+
+
 def test_known_errors_are_one_line_messages(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rag import store
 
