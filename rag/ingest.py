@@ -25,7 +25,7 @@ from rag import chunking, registry, store
 from rag.config import Settings
 from rag.embedding import Embedder
 from rag.errors import ExtractionError, RagError
-from rag.extract import EXTRACTOR_VERSIONS, SUPPORTED_SUFFIXES, extract, extractor_for
+from rag.extract import EXTRACTOR_VERSIONS, SUPPORTED_SUFFIXES, extract, extractor_for, holds_text
 from rag.records import Chunk, Collection, DocumentInfo, Extracted
 from rag.text import FOLD_VERSION, fold
 
@@ -572,7 +572,7 @@ def ingest_file(
     if existing is not None and existing["content_hash"] == wanted_hash:
         if existing["status"] == "failed" and not retry_failed:
             return FileResult(source, "failed", error=existing["error"]), 0.0
-        if existing["status"] == "ok":
+        if existing["status"] == "ok" and not _junk(existing):
             if existing["path"] != str(found.path):  # same bytes from a moved folder: keep --prune honest
                 store.set_document_path(conn, existing["id"], str(found.path))
             return _refresh_groups(conn, coll, existing, source, acl), 0.0
@@ -588,6 +588,8 @@ def ingest_file(
         reason = str(e) if isinstance(e, ExtractionError) else f"{type(e).__name__}: {e}"
         if not isinstance(e, ExtractionError):
             log.exception("ingest of %s failed", source)
+        if existing is not None and existing["status"] == "ok" and _junk(existing):
+            store.delete_document(conn, existing["id"])  # its passages hold nothing: no old version to keep
         store.record_failure(conn, coll, source, str(found.path), known_groups, bytes_hash, wanted_hash, reason)
         return FileResult(source, "failed", error=reason), 0.0
     version = store.DocumentVersion(
@@ -598,6 +600,13 @@ def ingest_file(
     )
     store.replace_document(conn, coll, version, rows)
     return FileResult(source, "ok", len(rows), sum(r.chunk.truncated for r in rows)), seconds
+
+
+def _junk(row: Any) -> bool:
+    """A stored document whose text holds no letter or digit: indexed before ``holds_text`` refused
+    such files (a zero-width space, a bare "# "). Its bytes are unchanged, so it is extracted again,
+    fails with the reason, and its passages leave the index."""
+    return row["canonical_text"] is not None and not holds_text(row["canonical_text"])
 
 
 def _refresh_groups(conn: store.Connection, coll: Collection, row: Any, source: str, acl: AclRules) -> FileResult:

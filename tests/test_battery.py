@@ -9,6 +9,7 @@ extraction, chunking) is real.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -234,6 +235,38 @@ def test_a_bad_file_fails_alone_with_its_reason(
     results, _ = ingest_one(tmp_path, capsys, caplog, name, data)
     assert results["good.md"]["status"] == "ok"
     assert results[name]["status"] == "failed" and reason in str(results[name]["error"])
+
+
+def test_a_file_with_no_text_indexed_by_an_older_version_leaves_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before holds_text, a zero-width space or a bare "# " was indexed as a passage of its own.
+    importlib.import_module("rag.ingest")  # bound to the real holds_text before the old rule is put in place
+    with monkeypatch.context() as old_version:
+        old_version.setattr(importlib.import_module("rag.extract"), "holds_text", lambda text: True)
+        results, path = ingest_one(tmp_path, capsys, caplog, "zwsp.md", "# \u200b\n".encode())
+    assert results["zwsp.md"]["status"] == "ok"
+    conn = store.open_db(path)
+    junk_id = conn.execute("SELECT id FROM documents WHERE source = 'zwsp.md'").fetchone()[0]
+    assert conn.execute("SELECT count(*) FROM chunks WHERE document_id = ?", (junk_id,)).fetchone()[0] >= 1
+    conn.close()
+    # The same bytes again, with today's rules: the document fails with the reason, its passages go.
+    code, out, _ = run(capsys, caplog, "ingest", str(tmp_path / "files"), "--db", str(path), "--json")
+    again = {r["source"]: r for r in json.loads(out)["results"]}
+    assert code == 0 and again["good.md"]["status"] == "unchanged"
+    assert again["zwsp.md"]["status"] == "failed" and "holds no text" in str(again["zwsp.md"]["error"])
+    conn = store.open_db(path)
+    assert conn.execute("SELECT count(*) FROM chunks WHERE document_id = ?", (junk_id,)).fetchone()[0] == 0
+    assert [r[0] for r in conn.execute("SELECT DISTINCT d.source FROM chunks k JOIN documents d "
+                                       "ON d.id = k.document_id")] == ["good.md"]
+    conn.close()
+    code, out, _ = run(capsys, caplog, "status", "--db", str(path))
+    assert code == 0 and "failed      0 chunks  default/zwsp.md  the file holds no text" in out
+    # and a third run leaves it failed, as any failed file with unchanged bytes
+    code, out, _ = run(capsys, caplog, "ingest", str(tmp_path / "files"), "--db", str(path), "--json")
+    assert {r["source"]: r["status"] for r in json.loads(out)["results"]} == {"good.md": "unchanged",
+                                                                              "zwsp.md": "failed"}
 
 
 def test_utf16_without_bom_is_read_and_found(
