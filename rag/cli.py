@@ -62,6 +62,25 @@ def _settings(args: argparse.Namespace) -> Settings:
 DB_HELP = "SQLite file or postgresql://user@host:5432/db URL (default: RAG_DB or <data dir>/rag.db)"
 
 
+def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` (to ``high``), else a usage error naming the
+    range, before anything runs (``--repeats -2`` ended the bench in a StatisticsError, ``migrate
+    --sample -1`` in a ValueError after the whole copy)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            wanted = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"must be {wanted} (got {value})")
+        return value
+
+    parse.__name__ = "whole number"  # argparse names the type after it in its messages
+    return parse
+
+
 def _common(parser: argparse.ArgumentParser, collection: bool = True) -> None:
     parser.add_argument("--db", help=DB_HELP)
     if collection:
@@ -836,7 +855,7 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     c.add_argument("runs", nargs="+", metavar="RUN.json")
     c.add_argument("--stage", help="stage compared across two runs (default: the gate stage of the first)")
     c.add_argument("--stages", help="two stages of one run, e.g. dense,hybrid")
-    c.add_argument("-k", type=int, help="one cut-off (default: every k both runs have)")
+    c.add_argument("-k", type=at_least(1), help="one cut-off (default: every k both runs have)")
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
     s = esub.add_parser("strategies", help="seed 000's chunking-strategy table over temporary databases")
     s.add_argument("--corpus", help="folder to ingest once per strategy")
@@ -851,8 +870,8 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
                                         "refused, correct, bluffs, lost, timings")
     _common(a)
     a.add_argument("--golden", help="golden set JSON")
-    a.add_argument("--limit", type=int, help="only the first N queries")
-    a.add_argument("--sample", type=int, help="N queries spread evenly over the set (every kind kept)")
+    a.add_argument("--limit", type=at_least(1), help="only the first N queries")
+    a.add_argument("--sample", type=at_least(1), help="N queries spread evenly over the set (every kind kept)")
     a.add_argument("--no-generate", action="store_true", help="extractive answers only (no language model)")
     a.add_argument("--groups-as-golden", action=argparse.BooleanOptionalAction, default=True)
     a.add_argument("--llm", dest="llm_path", help="language model: a registered name or a .gguf path")
@@ -877,7 +896,7 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     r.add_argument("--set", dest="sets", nargs=2, action="append", metavar=("DB", "GOLDEN"), required=True,
                    help="a database and its golden set (repeat; named by the golden file's stem, or its folder "
                         "for a golden.json)")
-    r.add_argument("--depth", type=int, default=30, help="fused hits the model re-orders (default 30)")
+    r.add_argument("--depth", type=at_least(1), default=30, help="fused hits the model re-orders (default 30)")
     r.add_argument("--out", help="write the model fitted on every set as JSON (rag/ranker_default.json is the "
                                  "bundled one); point rank_model at it to use it")
     r.add_argument("--check", action="store_true",
@@ -885,8 +904,8 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     h = esub.add_parser("history", help="stored runs, newest first, and the flips of the latest")
     _common(h)
     h.add_argument("--golden-name", help="only runs on this golden set (file stem)")
-    h.add_argument("--limit", type=int, default=20)
-    h.add_argument("-k", type=int, default=8, help="cut-off shown and used for flips (default 8)")
+    h.add_argument("--limit", type=at_least(1), default=20)
+    h.add_argument("-k", type=at_least(1), default=8, help="cut-off shown and used for flips (default 8)")
     h.add_argument("--json", action="store_true")
     handlers["eval"] = cmd_eval
 
@@ -1200,7 +1219,7 @@ def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
                                               "chunk_tokens); 0 = the embedder's default, 80 %% of its window, "
                                               "as chunk_tokens = 0")
     c.add_argument("--embedder", help="tokenizer for C-F budgets: minilm | PATH (default: settings)")
-    c.add_argument("--show", type=int, default=10, help="cuts outside a boundary to print (default 10)")
+    c.add_argument("--show", type=at_least(0), default=10, help="cuts outside a boundary to print (default 10)")
     c.add_argument("--json", action="store_true", help="print the audit as JSON")
     c.set_defaults(audit_handler=cmd_audit_cuts)
     c = asub.add_parser("channels", help="which text fields feed each ranking channel; flags a field in more "
@@ -1478,7 +1497,7 @@ def _add_serve_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     p.add_argument("--db", help=DB_HELP)
     p.add_argument("--team", action="store_true", help="team mode: every page needs a sign-in (as auth = true "
                                                         "in rag.toml); refused until an admin exists")
-    p.add_argument("--port", type=int, help="port (default: Streamlit's, 8501)")
+    p.add_argument("--port", type=at_least(1, 65535), help="port (default: Streamlit's, 8501)")
     handlers["serve"] = cmd_serve
 
 
@@ -1573,7 +1592,7 @@ def _add_bench_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes on docs/guide, no generation (CI smoke test)")
     p.add_argument("--sizes", help="comma-separated chunk counts for the retrieval scale-up "
                                    "(default 1000,10000,100000)")
-    p.add_argument("--repeats", type=int, help="repeats of the embedding comparison (default 3; quick 1)")
+    p.add_argument("--repeats", type=at_least(1), help="repeats of the embedding comparison (default 3; quick 1)")
     p.add_argument("--no-generation", action="store_true", help="skip the generation and memory child processes")
     p.add_argument("--workdir", help="keep the benchmark databases in this folder (default: a temporary one)")
     p.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite",
@@ -1648,8 +1667,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("src", help="database to copy from (SQLite file or postgresql://user@host:5432/db)")
     p.add_argument("dest", help="database to copy into (created if an SQLite file)")
     p.add_argument("--collection", action="append", help="copy only this collection (repeatable; default: all)")
-    p.add_argument("--sample", type=int, default=200, help="vectors per collection whose SHA-256 is compared "
-                   "(default: 200)")
+    p.add_argument("--sample", type=at_least(0), default=200, help="vectors per collection whose SHA-256 is "
+                   "compared (default: 200; 0: counts only)")
     p.add_argument("--no-users", action="store_true", help="do not copy team mode's users and audit log (copied "
                    "by default: names, password hashes, roles, groups; nobody's session)")
     p.add_argument("--no-audit", action="store_true", help="copy the users but not the audit log")

@@ -189,6 +189,28 @@ def test_unknown_stage_is_a_usage_error(
     assert code in (1, 2) and "magic" in err
 
 
+COUNTS = [
+    (("bench", "--repeats", "-2", "--quick", "--no-generation"), "--repeats: must be 1 or more (got -2)"),
+    (("bench", "--repeats", "0"), "--repeats: must be 1 or more (got 0)"),
+    (("migrate", "{db}", "{tmp}/copy.db", "--sample", "-1"), "--sample: must be 0 or more (got -1)"),
+    (("eval", "answers", "--db", "{db}", "--limit", "0"), "--limit: must be 1 or more (got 0)"),
+    (("eval", "answers", "--db", "{db}", "--sample", "-2"), "--sample: must be 1 or more (got -2)"),
+    (("eval", "history", "--db", "{db}", "-k", "0"), "-k: must be 1 or more (got 0)"),
+    (("eval", "history", "--db", "{db}", "--limit", "x"), "--limit: 'x' is not a whole number"),
+    (("serve", "--port", "70000"), "--port: must be from 1 to 65535 (got 70000)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), COUNTS, ids=[" ".join(a[:2]) + " " + a[-1] for a, _ in COUNTS])
+def test_a_count_out_of_range_is_a_usage_error_before_anything_runs(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    argv: tuple[str, ...], message: str,
+) -> None:
+    code, out, err = run(capsys, caplog, *(a.format(db=db, tmp=tmp_path) for a in argv))
+    assert code == 2 and out == "" and message in err
+    assert not (tmp_path / "copy.db").exists()  # the migration never started
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad files: each fails alone with its reason; nothing else is lost
 
