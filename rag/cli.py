@@ -112,11 +112,14 @@ def _progress_bar(total_hint: str) -> tuple[Callable[[int, int, int, str], None]
 
 
 def cmd_ingest(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import registry
     from rag.ingest import check_roots, choose_embedder, ingest, load_acl
 
     settings = resources.settings
     acl = load_acl(args.acl)  # a bad access map is refused before anything is created or indexed
     check_roots(args.paths)  # so is a mistyped folder: no empty database is left behind
+    if (args.embedder or settings.embedder) != "auto":  # and an unknown model name
+        registry.resolve(registry.EMBEDDER, args.embedder or settings.embedder)
     conn = resources.connect(create=True)
     choice = choose_embedder(conn, args.paths, requested=args.embedder, settings=settings)
     if choice.note:

@@ -356,6 +356,18 @@ def test_a_missing_folder_is_one_line(
     assert not (tmp_path / "x.db").exists()  # refused before the database is created
 
 
+def test_an_unknown_embedder_is_refused_before_the_database_is_created(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, _, err = run(capsys, caplog, "ingest", str(corpus), "--db", str(tmp_path / "x.db"), "--embedder", "mini")
+    assert code == 1 and "unknown embedder 'mini'" in one_error_line(err)
+    monkeypatch.setenv("RAG_EMBEDDER", "bogus")  # the same from the settings
+    code, _, err = run(capsys, caplog, "ingest", str(corpus), "--db", str(tmp_path / "x.db"))
+    assert code == 1 and "unknown embedder 'bogus'" in one_error_line(err)
+    assert not (tmp_path / "x.db").exists()
+
+
 def test_a_named_pipe_given_explicitly_is_refused_with_its_reason(
     tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
