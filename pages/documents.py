@@ -29,7 +29,8 @@ def progress_callback(label: str) -> Callable[[int, int, int, str], None]:
     bar = st.progress(0.0, text=f"{label}: starting…")
 
     def update(done: int, total: int, chunks: int, source: str) -> None:
-        bar.progress(done / total if total else 1.0, text=f"{label}: {done}/{total} files, {chunks} chunks · {source}")
+        where = f" · {source}" if source else ""
+        bar.progress(done / total if total else 1.0, text=f"{label}: {done}/{total} files, {chunks} chunks{where}")
 
     return update
 

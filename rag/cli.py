@@ -102,7 +102,8 @@ def _progress_bar(total_hint: str) -> tuple[Callable[[int, int, int, str], None]
         b = bar["bar"]
         b.update(done - b.n)
         elapsed = b.format_dict.get("elapsed") or 0.0
-        b.set_postfix_str(f"{chunks} chunks, {chunks / elapsed if elapsed else 0:.1f} chunks/s, {source[-40:]}")
+        if done:  # the call before the first file has no rate and no file to name yet
+            b.set_postfix_str(f"{chunks} chunks, {chunks / elapsed if elapsed else 0:.1f} chunks/s, {source[-40:]}")
 
     def close() -> None:
         if "bar" in bar:

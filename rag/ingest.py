@@ -526,6 +526,8 @@ def ingest_found(
     results: list[FileResult] = []
     embedded = 0
     embed_seconds = 0.0
+    if on_progress and files:  # the bar (and its clock) starts before the first file, however slow
+        on_progress(0, len(files), 0, "")
     for index, found in enumerate(files):
         result, seconds = ingest_file(conn, coll, found, embedder, pipeline, budget, acl, retry_failed, settings)
         results.append(result)
@@ -752,6 +754,8 @@ def reindex(
     rows = store.document_rows(conn, name)
     results: list[FileResult] = []
     embedded, embed_seconds = 0, 0.0
+    if on_progress and rows:
+        on_progress(0, len(rows), 0, "")
     for index, row in enumerate(rows):
         if not (everything or switching or is_stale(row, pipeline)):
             continue
