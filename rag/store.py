@@ -23,6 +23,7 @@ import sqlite_vec
 from rag.config import is_database_url
 from rag.errors import ExtensionLoadError, IndexMismatchError, NotFoundError, RagError, StorageError
 from rag.records import Chunk, Collection, DocumentInfo
+from rag.text import nfc
 
 # PostgreSQL (rag.pg) is the second backend: open_db() picks it for a postgresql:// URL, and the
 # functions below whose SQL differs hand such a connection to rag.pg (imported only then).
@@ -532,6 +533,13 @@ def find_document(conn: Connection, collection_id: int, source: str) -> Any | No
     return conn.execute(
         "SELECT * FROM documents WHERE collection_id = ? AND source = ?", (collection_id, source)
     ).fetchone()
+
+
+def find_named_document(conn: Connection, collection_id: int, name: str) -> Any | None:
+    """The document a person names (``rag source``, ``rag delete``): its source exactly as given,
+    else in NFC, the form names are stored in, so a name pasted from macOS (NFD) finds it too."""
+    found = find_document(conn, collection_id, name)
+    return found if found is not None or nfc(name) == name else find_document(conn, collection_id, nfc(name))
 
 
 def _delete_vectors(conn: Connection, dimension: int, document_id: int) -> None:

@@ -373,3 +373,31 @@ def test_migration_0004_backfills_chunk_vectors_from_vec0(db_path: Path) -> None
     assert _plain_rows(conn) == expected
     assert store.get_meta(conn, "vector_index_id")
     conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# nfc_sources: document names stored in NFC
+
+
+def test_migration_nfc_sources_composes_the_names_older_versions_stored_decomposed(db_path: Path) -> None:
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "Nghỉ phép.md")
+    twin = unicodedata.normalize("NFD", "Ghi chú.md")
+    conn = store.open_db(db_path)
+    coll = store.create_collection(conn, "c", "fake", 8)
+    for source in (nfd, twin, unicodedata.normalize("NFC", twin), "plain.md"):  # Ghi chú.md in both forms
+        store.replace_document(conn, coll, _version(source, "text", ["all"]), _rows("text", [_unit(8, 1)]))
+    if store.is_postgres(conn):
+        from rag import pg
+
+        name = next(m.name for m in pg.all_migrations() if m.name.endswith("_nfc_sources"))
+    else:
+        name = next(m.name for m in store.all_migrations() if m.name.endswith("_nfc_sources"))
+    conn.execute("DELETE FROM _migrations WHERE name = ?", (name,))
+    assert store.migrate(conn) == [name]
+    sources = {r["source"] for r in store.document_rows(conn)}
+    # the twin stays as it was: renaming it would merge two documents (`rag delete` removes one)
+    assert sources == {"Nghỉ phép.md", "Ghi chú.md", twin, "plain.md"}
+    assert store.find_document(conn, coll.id, "Nghỉ phép.md") is not None
+    conn.close()
