@@ -445,8 +445,11 @@ def set_collection_embedder(conn: Connection, collection_id: int, embedder: str,
 
 
 def normalize_groups(groups: Iterable[str] | None) -> list[str]:
-    """Sorted, deduplicated, stripped group names; empty means public (``["all"]``)."""
-    cleaned = sorted({g.strip() for g in (groups or []) if g and g.strip()})
+    """Sorted, deduplicated, stripped group names in NFC; empty means public (``["all"]``).
+
+    NFC: "nhân-sự" copied from a macOS folder name (NFD) and typed on a keyboard are one group.
+    """
+    cleaned = sorted({nfc(g.strip()) for g in (groups or []) if g and g.strip()})
     return cleaned or [PUBLIC_GROUP]
 
 
@@ -485,7 +488,7 @@ def visible_access_keys(conn: Connection, groups: Iterable[str]) -> list[int]:
     return [
         int(row["id"])
         for row in conn.execute("SELECT id, groups FROM access_keys ORDER BY id")
-        if mine & set(json.loads(row["groups"]))
+        if mine & {nfc(g) for g in json.loads(row["groups"])}  # a key stored before names were NFC
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 
@@ -223,6 +224,19 @@ def test_access_keys_visibility_is_group_intersection(conn: store.Connection) ->
     assert set(store.visible_access_keys(conn, ["hr"])) == {public, hr, hr_admin}
     assert set(store.visible_access_keys(conn, ["admin"])) == {public, hr_admin}
     assert store.normalize_groups([]) == ["all"]
+
+
+def test_a_group_name_in_nfd_is_the_same_group_as_its_nfc_spelling(conn: store.Connection) -> None:
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "nhân-sự")
+    assert store.normalize_groups([nfd, "nhân-sự"]) == ["nhân-sự"]
+    assert store.access_key(conn, [nfd]) == store.access_key(conn, ["nhân-sự"])
+    # a key an older version stored with the name decomposed (an access map written on macOS)
+    conn.execute("INSERT INTO access_keys (groups) VALUES (?)", (json.dumps([nfd, "x"]),))
+    legacy = conn.execute("SELECT id FROM access_keys WHERE groups = ?", (json.dumps([nfd, "x"]),)).fetchone()[0]
+    assert legacy in store.visible_access_keys(conn, ["nhân-sự"])
+    assert legacy in store.visible_access_keys(conn, [nfd])
 
 
 def _fts_ids(conn: store.Connection, term: str) -> set[int]:
