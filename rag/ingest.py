@@ -176,8 +176,9 @@ def load_acl(path: str | Path | None) -> AclRules:
 
 
 # Front-matter keys that look like a misspelt ``groups:``; honouring none of them would make the
-# document public, so they fail it with a hint instead.
-_GROUP_KEY_TYPOS = {"group", "acl", "access", "permissions", "allowed_groups"}
+# document public, so they fail it with a hint instead. Compared folded (``fold``: no case, no
+# tones), so the Vietnamese "nhóm" (groups) and "quyền" (permissions) count typed either way.
+_GROUP_KEY_TYPOS = {"group", "acl", "access", "permissions", "allowed_groups", "nhom", "quyen", "quyen truy cap"}
 
 
 def groups_for(source: str, acl: AclRules, metadata: dict[str, Any]) -> list[str]:
@@ -191,7 +192,7 @@ def groups_for(source: str, acl: AclRules, metadata: dict[str, Any]) -> list[str
         return store.normalize_groups(from_acl)
     keys = {str(k).lower(): k for k in metadata}
     if "groups" not in keys:
-        typo = next((keys[k] for k in keys if k in _GROUP_KEY_TYPOS), None)
+        typo = next((keys[k] for k in keys if fold(k) in _GROUP_KEY_TYPOS), None)
         if typo is not None:
             raise ExtractionError(f"the front matter has '{typo}:' but permissions are read from 'groups:'; "
                                   "rename it (e.g. 'groups: [hr]')")
