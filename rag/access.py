@@ -145,7 +145,7 @@ def readable_source(conn: store.Connection, collection: str, source: str, groups
         NotFoundError: no such collection; no such document, or not visible to ``groups``.
     """
     coll = store.require_collection(conn, collection)
-    found = store.find_document(conn, coll.id, source)
+    found = store.find_named_document(conn, coll.id, source)
     if groups is None:
         if found is None:
             raise NotFoundError(f"no document {source!r} in collection {coll.name!r}")

@@ -266,7 +266,7 @@ def cmd_delete(args: argparse.Namespace, resources: Resources) -> int:
     settings = resources.settings
     conn = resources.connect()
     coll = store.require_collection(conn, settings.collection)
-    row = store.find_document(conn, coll.id, args.source)
+    row = store.find_named_document(conn, coll.id, args.source)
     if row is None:
         raise RagError(f"no document {args.source!r} in collection {coll.name!r}")
     store.delete_document(conn, row["id"])

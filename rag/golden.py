@@ -18,14 +18,14 @@ from typing import Any
 
 from rag import store
 from rag.errors import RagError
-from rag.text import relevance_norm
+from rag.text import nfc, relevance_norm
 
 KINDS = ("answerable", "unanswerable", "forbidden")
 
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    source: str  # relative to the corpus folder, as stored in documents.source
+    source: str  # relative to the corpus folder, as stored in documents.source (NFC)
     quote: str  # the needle: a verbatim sentence of that file
 
 
@@ -77,7 +77,7 @@ def _evidence(entry: dict[str, Any], where: str) -> tuple[Evidence, ...]:
     for e in entry.get("evidence") or []:
         if not isinstance(e, dict) or not isinstance(e.get("source"), str) or not isinstance(e.get("quote"), str):
             raise RagError(f"{where}: evidence entries need a source and a quote")
-        evidence.append(Evidence(e["source"], e["quote"]))
+        evidence.append(Evidence(nfc(e["source"]), e["quote"]))  # a name copied from macOS is NFD
     return tuple(evidence)
 
 

@@ -27,7 +27,7 @@ from rag.embedding import Embedder
 from rag.errors import ExtractionError, RagError
 from rag.extract import EXTRACTOR_VERSIONS, SUPPORTED_SUFFIXES, extract, extractor_for, holds_text
 from rag.records import Chunk, Collection, DocumentInfo, Extracted
-from rag.text import FOLD_VERSION, fold
+from rag.text import FOLD_VERSION, fold, nfc
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,8 @@ def _matches(pattern: str, source: str) -> bool:
 
 
 def _acl_key(key: str) -> str:
-    """Source names are POSIX paths relative to the ingest root: "./hr/a.md" and "hr\\a.md" mean "hr/a.md"."""
-    key = key.strip().replace("\\", "/")
+    """Source names are POSIX paths relative to the ingest root, in NFC: "./hr/a.md" and "hr\\a.md" mean "hr/a.md"."""
+    key = nfc(key.strip().replace("\\", "/"))
     while key.startswith("./"):
         key = key[2:]
     return key
@@ -176,8 +176,9 @@ def load_acl(path: str | Path | None) -> AclRules:
 
 
 # Front-matter keys that look like a misspelt ``groups:``; honouring none of them would make the
-# document public, so they fail it with a hint instead.
-_GROUP_KEY_TYPOS = {"group", "acl", "access", "permissions", "allowed_groups"}
+# document public, so they fail it with a hint instead. Compared folded (``fold``: no case, no
+# tones), so the Vietnamese "nhóm" (groups) and "quyền" (permissions) count typed either way.
+_GROUP_KEY_TYPOS = {"group", "acl", "access", "permissions", "allowed_groups", "nhom", "quyen", "quyen truy cap"}
 
 
 def groups_for(source: str, acl: AclRules, metadata: dict[str, Any]) -> list[str]:
@@ -191,7 +192,7 @@ def groups_for(source: str, acl: AclRules, metadata: dict[str, Any]) -> list[str
         return store.normalize_groups(from_acl)
     keys = {str(k).lower(): k for k in metadata}
     if "groups" not in keys:
-        typo = next((keys[k] for k in keys if k in _GROUP_KEY_TYPOS), None)
+        typo = next((keys[k] for k in keys if fold(k) in _GROUP_KEY_TYPOS), None)
         if typo is not None:
             raise ExtractionError(f"the front matter has '{typo}:' but permissions are read from 'groups:'; "
                                   "rename it (e.g. 'groups: [hr]')")
@@ -235,7 +236,9 @@ def _printable(name: str) -> str:
 def _found(path: Path, source: str) -> FoundFile:
     shown = _printable(source)
     if shown == source:
-        return FoundFile(path, source)
+        # Names are stored in NFC: macOS writes them decomposed (NFD), and the same notes copied
+        # elsewhere, a name typed in `rag source` or an access-map key spell them composed.
+        return FoundFile(path, nfc(source))
     return FoundFile(Path(_printable(str(path))), shown,
                      f"the file name {shown!r} is not valid UTF-8; rename the file (e.g. with `convmv`) and "
                      "ingest again")
@@ -305,6 +308,9 @@ def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
 
 def _add(found: dict[str, FoundFile], file: FoundFile) -> None:
     other = found.get(file.source)
+    if other is not None and other.path != file.path and nfc(str(other.path)) == nfc(str(file.path)):
+        raise RagError(f"two files in {file.path.parent} have the same name in two Unicode forms (composed, "
+                       f"and decomposed as macOS writes it): {file.source!r}; delete or rename one of them")
     if other is not None and other.path != file.path:
         raise RagError(f"two files would both be stored as {file.source!r}: {other.path} and {file.path}; "
                        "ingest them in separate runs or collections (--collection), or rename one folder")

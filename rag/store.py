@@ -23,6 +23,7 @@ import sqlite_vec
 from rag.config import is_database_url
 from rag.errors import ExtensionLoadError, IndexMismatchError, NotFoundError, RagError, StorageError
 from rag.records import Chunk, Collection, DocumentInfo
+from rag.text import nfc
 
 # PostgreSQL (rag.pg) is the second backend: open_db() picks it for a postgresql:// URL, and the
 # functions below whose SQL differs hand such a connection to rag.pg (imported only then).
@@ -444,8 +445,11 @@ def set_collection_embedder(conn: Connection, collection_id: int, embedder: str,
 
 
 def normalize_groups(groups: Iterable[str] | None) -> list[str]:
-    """Sorted, deduplicated, stripped group names; empty means public (``["all"]``)."""
-    cleaned = sorted({g.strip() for g in (groups or []) if g and g.strip()})
+    """Sorted, deduplicated, stripped group names in NFC; empty means public (``["all"]``).
+
+    NFC: "nhân-sự" copied from a macOS folder name (NFD) and typed on a keyboard are one group.
+    """
+    cleaned = sorted({nfc(g.strip()) for g in (groups or []) if g and g.strip()})
     return cleaned or [PUBLIC_GROUP]
 
 
@@ -484,7 +488,7 @@ def visible_access_keys(conn: Connection, groups: Iterable[str]) -> list[int]:
     return [
         int(row["id"])
         for row in conn.execute("SELECT id, groups FROM access_keys ORDER BY id")
-        if mine & set(json.loads(row["groups"]))
+        if mine & {nfc(g) for g in json.loads(row["groups"])}  # a key stored before names were NFC
     ]
 
 
@@ -532,6 +536,13 @@ def find_document(conn: Connection, collection_id: int, source: str) -> Any | No
     return conn.execute(
         "SELECT * FROM documents WHERE collection_id = ? AND source = ?", (collection_id, source)
     ).fetchone()
+
+
+def find_named_document(conn: Connection, collection_id: int, name: str) -> Any | None:
+    """The document a person names (``rag source``, ``rag delete``): its source exactly as given,
+    else in NFC, the form names are stored in, so a name pasted from macOS (NFD) finds it too."""
+    found = find_document(conn, collection_id, name)
+    return found if found is not None or nfc(name) == name else find_document(conn, collection_id, nfc(name))
 
 
 def _delete_vectors(conn: Connection, dimension: int, document_id: int) -> None:

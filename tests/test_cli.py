@@ -62,6 +62,31 @@ def test_a_file_name_with_a_line_break_stays_one_line_of_a_listing(
     assert "two\nlines.md" in {d["source"] for d in json.loads(capsys.readouterr().out)}
 
 
+def test_a_document_is_found_by_its_name_in_nfc_or_nfd(
+    tmp_path: Path, db_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import unicodedata
+
+    from .fakes import FakeEmbedder
+
+    monkeypatch.setattr("rag.registry.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
+    nfc = unicodedata.normalize("NFC", "Hướng dẫn VPN.txt")
+    nfd = unicodedata.normalize("NFD", nfc)
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / nfd).write_text("Hướng dẫn VPN\n\nKhi gặp lỗi VPN-403, hãy đăng nhập lại.\n", encoding="utf-8")
+    assert cli.main(["ingest", str(corpus), "--db", str(db_path)]) == 0
+    capsys.readouterr()
+    for name in (nfc, nfd):
+        assert cli.main(["source", name, "--db", str(db_path)]) == 0
+        assert capsys.readouterr().out.startswith("Hướng dẫn VPN\n")
+        assert cli.main(["chunks", "--db", str(db_path), "--document", name]) == 0
+        assert capsys.readouterr().out.startswith(f"#1 {nfc} [0:")
+    assert cli.main(["delete", nfd, "--db", str(db_path)]) == 0
+    assert cli.main(["status", "--db", str(db_path)]) == 0
+    assert "no documents" in capsys.readouterr().out
+
+
 def test_known_errors_are_one_line_messages(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rag import store
 

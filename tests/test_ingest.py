@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,31 @@ def test_groups_from_acl_file_and_front_matter(conn: store.Connection, settings:
     assert {r.source: r.status for r in report.results}["hr/pay.md"] == "groups"
     assert embedder.calls == 0
     assert {d.source: d.groups for d in document_statuses(conn, settings)}["hr/pay.md"] == ["finance", "hr"]
+
+
+def test_a_file_name_in_nfd_and_its_nfc_twin_are_one_document_and_match_the_access_map(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    # macOS writes file names decomposed (NFD); a copy made elsewhere, or an access map typed on a
+    # keyboard, spells the same name composed (NFC). Both must name one document.
+    nfd = unicodedata.normalize("NFD", "Nhân sự/Nghỉ phép.md")
+    nfc = unicodedata.normalize("NFC", nfd)
+    root = tmp_path / "c"
+    write(root, nfd, "# Nghỉ phép\n\nMỗi nhân viên được nghỉ phép năm 14 ngày.\n")
+    acl = write(tmp_path, "acl.json", json.dumps({"Nhân sự/": ["hr"]}, ensure_ascii=False))  # typed: NFC
+    first = ingest(conn, [root], settings=settings, embedder=FakeEmbedder(), acl=load_acl(acl))
+    assert first.warnings == []  # the key names the folder
+    assert {d.source: d.groups for d in document_statuses(conn, settings)} == {nfc: ["hr"]}
+    (root / unicodedata.normalize("NFD", "Nhân sự")).rename(root / "Nhân sự")
+    (root / "Nhân sự" / unicodedata.normalize("NFD", "Nghỉ phép.md")).rename(root / "Nhân sự" / "Nghỉ phép.md")
+    embedder = FakeEmbedder()
+    again = ingest(conn, [root], settings=settings, embedder=embedder, acl=load_acl(acl))
+    assert [(r.source, r.status) for r in again.results] == [(nfc, "unchanged")] and embedder.calls == 0
+    assert len(document_statuses(conn, settings)) == 1
+    # both spellings side by side (possible on Linux): one name, so the run names the clash
+    write(root, nfd, "# Nghỉ phép\n\nBản cũ.\n")
+    with pytest.raises(RagError, match="the same name in two Unicode forms"):
+        ingest(conn, [root], settings=settings, embedder=FakeEmbedder())
 
 
 def test_prune_removes_documents_whose_files_are_gone(conn: store.Connection, settings: Settings, corpus: Path) -> None:

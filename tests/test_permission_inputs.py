@@ -52,6 +52,9 @@ def status_of(conn: store.Connection, settings: Settings, source: str) -> tuple[
         ("---\ngroups:\n---\n", "is empty"),
         ("---\ngroups: {hr: true}\n---\n", "list of group names"),
         ("---\ngroup: hr\n---\n", "'groups:'"),
+        ("---\nnhóm: [nhân-sự]\n---\n", "'groups:'"),  # "groups", written in Vietnamese
+        ("---\nNhom: hr\n---\n", "'groups:'"),  # the same, typed without tones
+        ("---\nquyền: hr\n---\n", "'groups:'"),  # "permissions"
         ("---\n- hr\n---\n", "key: value"),
         ("---\ngroups: [true]\n---\n", "true or false"),  # YAML's boolean, not a name
         ("---\ngroups: yes\n---\n", "true or false"),

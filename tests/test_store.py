@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 
@@ -225,6 +226,19 @@ def test_access_keys_visibility_is_group_intersection(conn: store.Connection) ->
     assert store.normalize_groups([]) == ["all"]
 
 
+def test_a_group_name_in_nfd_is_the_same_group_as_its_nfc_spelling(conn: store.Connection) -> None:
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "nhân-sự")
+    assert store.normalize_groups([nfd, "nhân-sự"]) == ["nhân-sự"]
+    assert store.access_key(conn, [nfd]) == store.access_key(conn, ["nhân-sự"])
+    # a key an older version stored with the name decomposed (an access map written on macOS)
+    conn.execute("INSERT INTO access_keys (groups) VALUES (?)", (json.dumps([nfd, "x"]),))
+    legacy = conn.execute("SELECT id FROM access_keys WHERE groups = ?", (json.dumps([nfd, "x"]),)).fetchone()[0]
+    assert legacy in store.visible_access_keys(conn, ["nhân-sự"])
+    assert legacy in store.visible_access_keys(conn, [nfd])
+
+
 def _fts_ids(conn: store.Connection, term: str) -> set[int]:
     return {r[0] for r in conn.execute("SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?", (f'"{term}"',))}
 
@@ -372,4 +386,32 @@ def test_migration_0004_backfills_chunk_vectors_from_vec0(db_path: Path) -> None
     assert store.migrate(conn) == ["0004_chunk_vectors"]
     assert _plain_rows(conn) == expected
     assert store.get_meta(conn, "vector_index_id")
+    conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# nfc_sources: document names stored in NFC
+
+
+def test_migration_nfc_sources_composes_the_names_older_versions_stored_decomposed(db_path: Path) -> None:
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "Nghỉ phép.md")
+    twin = unicodedata.normalize("NFD", "Ghi chú.md")
+    conn = store.open_db(db_path)
+    coll = store.create_collection(conn, "c", "fake", 8)
+    for source in (nfd, twin, unicodedata.normalize("NFC", twin), "plain.md"):  # Ghi chú.md in both forms
+        store.replace_document(conn, coll, _version(source, "text", ["all"]), _rows("text", [_unit(8, 1)]))
+    if store.is_postgres(conn):
+        from rag import pg
+
+        name = next(m.name for m in pg.all_migrations() if m.name.endswith("_nfc_sources"))
+    else:
+        name = next(m.name for m in store.all_migrations() if m.name.endswith("_nfc_sources"))
+    conn.execute("DELETE FROM _migrations WHERE name = ?", (name,))
+    assert store.migrate(conn) == [name]
+    sources = {r["source"] for r in store.document_rows(conn)}
+    # the twin stays as it was: renaming it would merge two documents (`rag delete` removes one)
+    assert sources == {"Nghỉ phép.md", "Ghi chú.md", twin, "plain.md"}
+    assert store.find_document(conn, coll.id, "Nghỉ phép.md") is not None
     conn.close()
