@@ -155,13 +155,14 @@ with ui.frame("upload") as view:
     st.caption(f"{len(infos)} documents · {len(infos) - len(failed)} ok · {len(failed)} failed · {len(stale)} stale")
 
     def run_with_collection_model(job: Callable[..., IngestReport], label: str) -> None:
-        """Run ``retry_failed_documents`` or ``reindex`` on this collection with its own model, then rerun."""
+        """Run ``retry_failed_documents`` or ``reindex`` on the listed documents (in team mode, the
+        ones the user may read) with the collection's own model, then rerun."""
         try:
             view.require("ingest")
             model = ui.collection_embedder(view.conn, view.collection)
             report = job(
                 view.conn, settings=settings, embedder=model, collection=view.collection,
-                on_progress=progress_callback(label),
+                on_progress=progress_callback(label), sources={d.source for d in infos},
             )
             ui.report_messages(report)
             view.audit("ingest", {"collection": view.collection, "from": label.lower(), "summary": report.summary()})

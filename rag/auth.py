@@ -206,7 +206,9 @@ def _token_hash(token: str) -> str:
 
 
 def _name_hash(name: str) -> str:
-    return hashlib.sha256(name.strip().casefold().encode("utf-8")).hexdigest()
+    """The key of a name's failed sign-ins: the name as sign-in compares it (``same_name_key``), so
+    a lock holds one user's name, never also another's such as "Ánh" for "ánh"."""
+    return hashlib.sha256(same_name_key(name.strip()).encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -705,17 +705,20 @@ def retry_failed_documents(
     embedder: Embedder,
     collection: str,
     on_progress: ProgressFn | None = None,
+    sources: Container[str] | None = None,
 ) -> IngestReport:
     """Re-attempt every failed document of a collection from its file, keeping its source name.
 
     ``rag ingest --retry-failed`` needs the original ingest root to rebuild source names; the
     page has only the stored rows, so this walks them (each file keeps its stored source and
-    groups) through ``ingest_file``.
+    groups) through ``ingest_file``. ``sources``: only these documents (the ones a team-mode
+    page lists to its user), so the report never names or counts the others.
     """
     started = time.perf_counter()
     coll = store.require_collection(conn, collection)
     store.check_embedder(coll, embedder.model_id, embedder.dimension)
-    failed = [d for d in document_statuses(conn, settings, collection) if d.status == "failed"]
+    failed = [d for d in document_statuses(conn, settings, collection)
+              if d.status == "failed" and (sources is None or d.source in sources)]
     results, embedded, seconds = ingest_found(
         conn, coll, [FoundFile(Path(d.path), d.source) for d in failed], embedder=embedder, settings=settings,
         acl=AclRules({d.source: d.groups for d in failed}), retry_failed=True, on_progress=on_progress,
@@ -737,16 +740,21 @@ def reindex(
     collection: str | None = None,
     everything: bool = False,
     on_progress: ProgressFn | None = None,
+    sources: Container[str] | None = None,
 ) -> IngestReport:
     """Re-process stale documents (or all, or every document under a new embedding model).
 
     With an embedder other than the collection's, every document is rebuilt from its stored
     canonical text into a fresh collection which then replaces the old one in one transaction.
+    ``sources``: only these documents (the ones a team-mode page lists to its user), so the
+    report never names or counts the others; not with another embedder (that rebuilds them all).
     """
     started = time.perf_counter()
     name = collection or settings.collection
     coll = store.require_collection(conn, name)
     switching = coll.embedder != embedder.model_id or coll.dimension != embedder.dimension
+    if switching and sources is not None:
+        raise ValueError("a reindex under another embedding model rebuilds every document: no sources")
     budget = chunk_budget(settings, embedder)
     pipeline = pipeline_version(coll.strategy, budget, settings.window_chars)
     target = coll
@@ -763,7 +771,8 @@ def reindex(
     if on_progress and rows:
         on_progress(0, len(rows), 0, "")
     for index, row in enumerate(rows):
-        if not (everything or switching or is_stale(row, pipeline)):
+        if not (everything or switching or is_stale(row, pipeline)) or (sources is not None
+                                                                        and row["source"] not in sources):
             continue
         result, seconds = _reprocess(conn, target, row, embedder, pipeline, budget, settings)
         results.append(result)

@@ -141,8 +141,10 @@ TERM_DOCS_SQL = """
 SELECT term, doc FROM chunks_fts_vocab WHERE term IN (SELECT value FROM json_each(:terms))
 """
 
-# Upper bound of the chunk count (rowids only grow): enough for IDF ratios, O(log n) to read.
-CHUNK_COUNT_SQL = "SELECT coalesce(max(id), 0) FROM chunks"
+# BM25's N: the chunks of the database, as FTS5 and PostgreSQL's fts_totals count them (the highest
+# chunk id, cheaper to read, stays above the count after a re-ingest or a delete and so weighed the
+# keywords otherwise than PostgreSQL). Read once per state of the chunks (TermDocsCache).
+CHUNK_COUNT_SQL = "SELECT count(*) FROM chunks"
 
 # The folded indexed text of FTS hits, to see which query keywords each one holds.
 FTS_TEXT_SQL = """
@@ -584,8 +586,7 @@ def query_idf(conn: store.Connection, keywords: Sequence[str]) -> dict[str, floa
     if store.is_postgres(conn):
         return _pg().query_idf(conn, keywords)
     doc_freq = term_docs(conn, sorted({w for k in keywords for w in _WORD.findall(k)}))
-    n_docs = int(conn.execute(CHUNK_COUNT_SQL).fetchone()[0])
-    return keyword_idf(n_docs, doc_freq, keywords)
+    return keyword_idf(SHARED_TERM_DOCS.chunk_count(conn), doc_freq, keywords)
 
 
 def term_docs(conn: store.Connection, terms: Sequence[str]) -> dict[str, int]:
@@ -614,7 +615,7 @@ TERM_DOCS_ENTRIES = 20_000  # terms remembered per database
 
 
 class TermDocsCache:
-    """fts5vocab document frequencies, remembered per database until its chunks change.
+    """fts5vocab document frequencies and the chunk count, remembered per database until its chunks change.
 
     A term's count costs a walk of its whole posting list (~0.5 ms for a common word at 100k
     chunks) and one search asks for the question's words up to three times (the spelling check,
@@ -628,7 +629,31 @@ class TermDocsCache:
         self.entries = entries
         self._state: dict[str, tuple[Any, ...]] = {}  # database file -> state of its counts below
         self._counts: dict[str, OrderedDict[str, int]] = {}  # database file -> term -> docs (0: none)
+        self._chunks: dict[str, int] = {}  # database file -> its chunk count
         self._lock = threading.Lock()
+
+    def _refresh(self, database: str, state: tuple[Any, ...]) -> None:
+        """Forget a database's counts when its chunks changed (call with the lock held)."""
+        if self._state.get(database) != state:
+            self._state[database] = state
+            self._counts[database] = OrderedDict()
+            self._chunks.pop(database, None)
+
+    def chunk_count(self, conn: store.Connection) -> int:
+        """``CHUNK_COUNT_SQL``, from memory while the database's chunks are unchanged."""
+        database = database_file(conn)
+        if not database:
+            return int(conn.execute(CHUNK_COUNT_SQL).fetchone()[0])
+        state = tuple(conn.execute(TERM_DOCS_STATE_SQL).fetchone())
+        with self._lock:
+            self._refresh(database, state)
+            if database in self._chunks:
+                return self._chunks[database]
+        count = int(conn.execute(CHUNK_COUNT_SQL).fetchone()[0])
+        with self._lock:
+            if self._state.get(database) == state:
+                self._chunks[database] = count
+        return count
 
     def term_docs(self, conn: store.Connection, terms: Sequence[str]) -> dict[str, int]:
         database = database_file(conn)
@@ -636,9 +661,7 @@ class TermDocsCache:
             return read_term_docs(conn, terms)
         state = tuple(conn.execute(TERM_DOCS_STATE_SQL).fetchone())
         with self._lock:
-            if self._state.get(database) != state:
-                self._state[database] = state
-                self._counts[database] = OrderedDict()
+            self._refresh(database, state)
             counts = self._counts[database]
             missing = [t for t in dict.fromkeys(terms) if t not in counts]
         found = read_term_docs(conn, missing)
@@ -658,6 +681,7 @@ class TermDocsCache:
         with self._lock:
             self._state.clear()
             self._counts.clear()
+            self._chunks.clear()
 
 
 SHARED_TERM_DOCS = TermDocsCache()

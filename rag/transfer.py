@@ -256,7 +256,8 @@ def copy_history(src: store.Connection, dest: store.Connection, collections: Seq
 
     Run after ``rag.auth.copy_team``: a chat turn belongs to its reader, found in DEST by name (a
     desktop turn has none). A turn whose reader DEST lacks is not copied (it would become anyone's)
-    and is counted. Rows get DEST's own ids; a run or a turn DEST already holds (same collection,
+    and is counted. A turn's passages link to DEST's document of the same source (DEST numbers
+    documents its own way). Rows get DEST's own ids; a run or a turn DEST already holds (same collection,
     time and content) is skipped, and a decision DEST fitted itself is never overwritten. ONE
     transaction on DEST: an interrupted copy leaves all or none of it.
     """
@@ -313,21 +314,45 @@ def _turn_key(row: Any) -> tuple[Any, ...]:
     return row["chat_id"], row["created_at"], row["question"], row["answer"]
 
 
+# Each document's id by its source (not document_rows: no document's text is read).
+DOCUMENT_IDS_SQL = """
+SELECT d.id, d.source FROM documents d JOIN collections c ON c.id = d.collection_id WHERE c.name = :collection
+"""
+
+
+def _document_ids(src: store.Connection, dest: store.Connection, collection: str) -> dict[int, int]:
+    """SRC document id -> DEST id of the same source in ``collection`` (DEST numbers its own)."""
+    ours = {r[1]: int(r[0]) for r in dest.execute(DOCUMENT_IDS_SQL, {"collection": collection})}
+    return {int(r[0]): ours[r[1]] for r in src.execute(DOCUMENT_IDS_SQL, {"collection": collection}) if r[1] in ours}
+
+
+def _answer_for(dest_ids: dict[int, int], answer: str) -> str:
+    """A stored answer whose passages' ``document_id`` (what its "open the passage" links carry)
+    are DEST's ids; a document DEST does not hold gets 0, which opens no document, never another."""
+    raw = json.loads(answer)
+    for hit in [*raw.get("hits", []), *raw.get("dropped", [])]:
+        if isinstance(hit, dict) and "document_id" in hit:
+            hit["document_id"] = dest_ids.get(int(hit["document_id"]), 0)
+    return json.dumps(raw, ensure_ascii=False)  # as conversation.answer_to_json writes it
+
+
 def _copy_turns(src: store.Connection, dest: store.Connection, collection: str,
                 readers: dict[int, int | None]) -> tuple[int, int, int]:
     present = {_turn_key(r) for r in dest.execute(
         "SELECT chat_id, created_at, question, answer FROM chat_turns WHERE collection = ?", (collection,))}
+    dest_ids = _document_ids(src, dest, collection)
     copied = skipped = orphans = 0
     marks = ", ".join("?" * (1 + len(_TURN_COLUMNS.split(", "))))
     for turn in src.execute(f"SELECT user_id, {_TURN_COLUMNS} FROM chat_turns WHERE collection = ? ORDER BY id",
                             (collection,)).fetchall():
         reader = None if turn["user_id"] is None else readers.get(int(turn["user_id"]))
+        values = {c: turn[c] for c in _TURN_COLUMNS.split(", ")} | {"answer": _answer_for(dest_ids, turn["answer"])}
         if turn["user_id"] is not None and reader is None:
             orphans += 1
-        elif _turn_key(turn) in present:
+        elif _turn_key(turn) in present or _turn_key(values) in present:  # copied before, or as before this fix
             skipped += 1
         else:
             dest.execute(f"INSERT INTO chat_turns (user_id, {_TURN_COLUMNS}) VALUES ({marks})",
-                         (reader, *(turn[c] for c in _TURN_COLUMNS.split(", "))))
+                         (reader, *values.values()))
             copied += 1
     return copied, skipped, orphans

@@ -316,6 +316,21 @@ def test_unknown_names_lock_like_known_ones(conn: store.Connection, alice: auth.
     assert str(fail(conn, "ALICE ", T0)[0]) == str(fail(conn, "Ghost", T0)[0])  # case and spaces are one name
 
 
+def test_a_lock_holds_one_name_as_sign_in_compares_names(conn: store.Connection) -> None:
+    # "Ánh" and "ánh" are two users (only A-Z ignore case); the lock folded every letter, so wrong
+    # passwords typed for one locked the other out, and enabling one lifted the other's lock.
+    accent, plain = auth.add_user(conn, "Ánh", PASSWORD), auth.add_user(conn, "ánh", PASSWORD)
+    assert isinstance(fail(conn, "ánh", T0, times=5)[-1], LockedOutError)
+    assert auth.authenticate(conn, "Ánh", PASSWORD, T0 + timedelta(seconds=10), POLICY).user.id == accent.id
+    with pytest.raises(LockedOutError):
+        auth.authenticate(conn, "áNH", PASSWORD, T0 + timedelta(seconds=10), POLICY)  # áNH is ánh's name
+    auth.enable_user(conn, "Ánh")  # lifts Ánh's lock, not ánh's
+    with pytest.raises(LockedOutError):
+        auth.authenticate(conn, "ánh", PASSWORD, T0 + timedelta(seconds=20), POLICY)
+    auth.enable_user(conn, "ánh")
+    assert auth.authenticate(conn, "ánh", PASSWORD, T0 + timedelta(seconds=20), POLICY).user.id == plain.id
+
+
 def test_disabled_user_cannot_sign_in_and_their_sessions_end(conn: store.Connection, alice: auth.User,
                                                              admin: auth.User) -> None:
     session = auth.authenticate(conn, "alice", PASSWORD, T0, POLICY)

@@ -315,6 +315,41 @@ def test_an_editor_cannot_replace_a_document_they_may_not_read_by_uploading_its_
     assert "admin-operations.md" not in set(at.dataframe[0].value["document"])
 
 
+@BOTH
+def test_an_editors_retry_and_re_embed_touch_and_name_only_the_documents_they_may_read(
+    team_db: Path | str, tmp_path: Path
+) -> None:
+    # "Retry failed (1)" counted eddie's one failed document, then retried (and named) every
+    # failed document of the collection, an admin-only one too; "Re-embed stale" likewise.
+    conn = store.open_db(team_db)
+    try:
+        coll = store.require_collection(conn, "default")
+        for source, groups in (("eddies-notes.md", ["all"]), ("board-minutes.md", ["admin"])):
+            store.record_failure(conn, coll, source, str(tmp_path / source), groups, "b", "c", "file gone")
+        conn.execute("UPDATE documents SET pipeline_version = 'old' WHERE source IN (?, ?)",
+                     ("index.md", "admin-operations.md"))
+    finally:
+        conn.close()
+    at = signed_in("app.py", "eddie")
+    at.switch_page("pages/documents.py").run()
+    assert "board-minutes.md" not in set(at.dataframe[0].value["document"])
+    next(b for b in at.button if b.label == "Retry failed (1)").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = texts(at)
+    assert "eddies-notes.md" in shown and "board-minutes.md" not in shown
+    assert "1 files: 0 indexed" in shown  # the summary counts eddie's document only
+    next(b for b in at.button if b.label == "Re-embed stale (1)").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "1 files: 1 indexed" in texts(at)
+    conn = store.open_db(team_db)
+    try:
+        assert store.find_document(conn, coll.id, "board-minutes.md")["error"] == "file gone"  # left as it was
+        assert store.find_document(conn, coll.id, "admin-operations.md")["pipeline_version"] == "old"
+        assert store.find_document(conn, coll.id, "index.md")["pipeline_version"] != "old"
+    finally:
+        conn.close()
+
+
 def test_an_admin_deletes_a_document_and_the_log_says_who(team_db: Path | str) -> None:
     at = signed_in("app.py", "ada")
     at.switch_page("pages/documents.py").run()

@@ -317,6 +317,34 @@ def test_both_backends_give_the_same_hits(indexed: Any, pg_url: str, tmp_path: P
     lite.close()
 
 
+def test_both_backends_weigh_keywords_alike_after_documents_are_replaced_and_deleted(
+    indexed: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """The keyword IDF (coverage filter, learned order) counted SQLite's chunks as its highest
+    chunk id, which a re-ingest or a delete leaves above the count: the same desk then ordered
+    hybrid hits otherwise than on PostgreSQL, which counts them."""
+    lite_path = tmp_path / "same.db"
+    lite = store.open_db(lite_path)
+    docs = tmp_path / "docs"
+    ingest(lite, [docs], settings=load_settings(db_path=lite_path), embedder=FakeEmbedder())
+    (docs / "handbook" / "leave.md").write_text(CORPUS["handbook/leave.md"] + "\n## Carry over\n\nFive days carry "
+                                                "over into the next year.\n", encoding="utf-8")
+    (docs / "handbook" / "git.md").unlink()
+    for conn, db in ((lite, lite_path), (indexed, pg_url)):
+        ingest(conn, [docs], settings=load_settings(db_path=db), embedder=FakeEmbedder(), prune=True)
+    keywords = retrieval.keywords("paid vacation days sick leave carry over")
+    assert retrieval.query_idf(lite, keywords) == pytest.approx(retrieval.query_idf(indexed, keywords), abs=1e-12)
+    for conn, db in ((lite, lite_path), (indexed, pg_url)):
+        hits = search(conn, "how many vacation days carry over", embedder=FakeEmbedder(),
+                      settings=load_settings(db_path=db), stage="hybrid", k=8)
+        assert hits
+        if conn is lite:
+            expected = [(h.source, h.char_from, h.rank_score) for h in hits]
+    # sqlite-vec sums in float32, pgvector in double: the similarity feature agrees to ~1e-6
+    assert [(h.source, h.char_from, pytest.approx(h.rank_score, abs=1e-5)) for h in hits] == expected
+    lite.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # The write path (COPY) and bulk loads
 

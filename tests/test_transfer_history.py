@@ -104,3 +104,45 @@ def test_cli_migrate_reports_the_history(source: Any, tmp_path: Path, capsys: py
     assert "2 NOT copied (their readers are not users of the destination" in capsys.readouterr().out
     assert main(["migrate", src, str(tmp_path / "bare.db"), "--no-history"]) == 0
     assert "evaluation runs" not in capsys.readouterr().out
+
+
+def test_a_copied_chat_opens_the_documents_it_cited(tmp_path: Path, backend_db: Path | str) -> None:
+    """DEST numbers the documents its own way: a reloaded chat's "open the passage" link must
+    open the document that was cited, and a link to a document SRC no longer holds opens none."""
+    from rag import access
+    from rag.errors import NotFoundError
+    from rag.records import Hit
+
+    from .evalkit import DOCS
+
+    src = store.open_db(tmp_path / "src.db")
+    dest = store.open_db(backend_db)
+    try:
+        build_db(src, FakeEmbedder(), {name: DOCS[name] for name in ("travel.md", "pay.md", "leave.md")})
+        coll = store.require_collection(src, "default")
+        gone = store.find_document(src, coll.id, "pay.md")
+        hits = []
+        for source in ("travel.md", "pay.md"):
+            doc = store.find_document(src, coll.id, source)
+            chunk = store.chunk_rows(src, int(doc["id"]))[0]
+            hits.append(Hit(chunk_id=int(chunk["id"]), document_id=int(doc["id"]), source=source, title=source,
+                            section="", content=chunk["content"], char_from=chunk["char_from"],
+                            char_to=chunk["char_to"], page=None, distance=0.2))
+        answer = Answer(status="answered", question="Per diem?", text="GSA [1].", hits=hits[:1], dropped=hits[1:])
+        conversation.save_turn(src, collection="default", chat_id="c", question="Per diem?", searched="Per diem?",
+                               answer=answer, groups=["hr"])
+        store.delete_document(src, int(gone["id"]))  # cited once, deleted since
+        src_ids = {r["source"]: int(r["id"]) for r in store.document_rows(src, "default")}
+        transfer.copy_collections(src, dest)
+        assert {r["source"]: int(r["id"]) for r in store.document_rows(dest, "default")} != src_ids
+
+        copied = transfer.copy_history(src, dest, ["default"])
+        assert copied.turns_copied == 1
+        (turn,) = conversation.chat_turns(dest, "default", "c")
+        assert access.readable_document(dest, turn.answer.hits[0].document_id, ["hr"])["source"] == "travel.md"
+        with pytest.raises(NotFoundError):  # not whichever document DEST gave that number
+            access.readable_document(dest, turn.answer.dropped[0].document_id, ["hr"])
+        assert transfer.copy_history(src, dest, ["default"]).turns_skipped == 1  # a second run adds nothing
+    finally:
+        src.close()
+        dest.close()
