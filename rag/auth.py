@@ -39,6 +39,7 @@ from rag import store
 from rag.config import Settings
 from rag.errors import AuthError, LockedOutError, NotFoundError, PermissionDeniedError, RagError
 from rag.records import Answer
+from rag.text import nfc
 
 # ---------------------------------------------------------------------------------------------
 # Roles and permissions
@@ -169,9 +170,15 @@ def check_password(password: str) -> None:
         raise AuthError(f"the password must have at most {MAX_PASSWORD_LENGTH} characters")
 
 
+def typed_name(name: str) -> str:
+    """A name as typed, as names are stored: stripped and composed (NFC), so "Ánh" pasted from a
+    macOS file name (decomposed, NFD) is the user typed "Ánh" on a keyboard."""
+    return nfc(name.strip())
+
+
 def check_name(name: str) -> str:
-    """The user name, stripped; letters, digits and ``. _ - @``, 1 to 64 characters."""
-    cleaned = name.strip()
+    """The user name, stripped and composed; letters, digits and ``. _ - @``, 1 to 64 characters."""
+    cleaned = typed_name(name)
     if not NAME_PATTERN.fullmatch(cleaned):
         raise AuthError(f"invalid user name {name!r}: use 1-64 letters, digits or . _ - @ (no spaces)")
     return cleaned
@@ -208,7 +215,7 @@ def _token_hash(token: str) -> str:
 def _name_hash(name: str) -> str:
     """The key of a name's failed sign-ins: the name as sign-in compares it (``same_name_key``), so
     a lock holds one user's name, never also another's such as "Ánh" for "ánh"."""
-    return hashlib.sha256(same_name_key(name.strip()).encode("utf-8")).hexdigest()
+    return hashlib.sha256(same_name_key(typed_name(name)).encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,7 +290,7 @@ def _user(row: Any) -> User:
 
 def get_user(conn: store.Connection, name: str) -> User | None:
     """The user of this name (case-insensitive), or None."""
-    row = conn.execute(f"SELECT {_USER_COLUMNS} FROM users WHERE {_name_is(conn)}", (name.strip(),)).fetchone()
+    row = conn.execute(f"SELECT {_USER_COLUMNS} FROM users WHERE {_name_is(conn)}", (typed_name(name),)).fetchone()
     return _user(row) if row else None
 
 
@@ -454,7 +461,7 @@ def authenticate(
             (_iso(now - policy.lockout_window),),
         )
         row = conn.execute(f"SELECT {_USER_COLUMNS}, password_hash FROM users WHERE {_name_is(conn)}",
-                           (name.strip(),)).fetchone()
+                           (typed_name(name),)).fetchone()
         user = _user(row) if row else None
         retry_at = _locked_until(conn, key, now, policy)
         if retry_at is not None:
@@ -639,7 +646,7 @@ def audit_rows(
     """Audit rows in time order, optionally from ``since`` (inclusive), for one user or action."""
     where, params = [], []
     for clause, value in (("at >= ?", since and _iso(since)), ("at < ?", until and _iso(until)),
-                          (_name_is(conn, "user_name"), user), ("action = ?", action)):
+                          (_name_is(conn, "user_name"), user and typed_name(user)), ("action = ?", action)):
         if value is not None:
             where.append(clause)
             params.append(value)

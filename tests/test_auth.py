@@ -331,6 +331,43 @@ def test_a_lock_holds_one_name_as_sign_in_compares_names(conn: store.Connection)
     assert auth.authenticate(conn, "ánh", PASSWORD, T0 + timedelta(seconds=20), POLICY).user.id == plain.id
 
 
+def test_a_name_typed_decomposed_is_the_user_typed_composed(conn: store.Connection) -> None:
+    # "Ánh" pasted from a macOS file name is decomposed (NFD): the same letters, another string.
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "Ánh")
+    made = auth.add_user(conn, nfd, PASSWORD, role="admin")
+    assert made.name == "Ánh"
+    with pytest.raises(AuthError, match="already"):
+        auth.add_user(conn, "Ánh", PASSWORD)
+    assert auth.authenticate(conn, "Ánh", PASSWORD, T0, POLICY).user.id == made.id
+    assert auth.authenticate(conn, nfd, PASSWORD, T0, POLICY).user.id == made.id
+    assert auth.require_user(conn, nfd).id == made.id
+    assert isinstance(fail(conn, nfd, T0, times=5)[-1], LockedOutError)
+    with pytest.raises(LockedOutError):  # one lock, whichever form was typed
+        auth.authenticate(conn, "Ánh", PASSWORD, T0 + timedelta(seconds=10), POLICY)
+    assert [r.user for r in auth.audit_rows(conn, user=nfd)][:1] == ["Ánh"]
+
+
+def test_migration_composes_the_user_names_older_versions_stored_decomposed(conn: store.Connection) -> None:
+    import unicodedata
+
+    nfd, twin = unicodedata.normalize("NFD", "Ánh"), unicodedata.normalize("NFD", "Đức")
+    for name in (nfd, twin, "Đức", "bob"):  # stored as older versions did: as typed
+        conn.execute("INSERT INTO users (name, password_hash) VALUES (?, ?)", (name, "x"))
+    if store.is_postgres(conn):
+        from rag import pg
+
+        name = next(m.name for m in pg.all_migrations() if m.name.endswith("_nfc_user_names"))
+    else:
+        name = next(m.name for m in store.all_migrations() if m.name.endswith("_nfc_user_names"))
+    conn.execute("DELETE FROM _migrations WHERE name = ?", (name,))
+    assert store.migrate(conn) == [name]
+    names = {r[0] for r in conn.execute("SELECT name FROM users")}
+    assert names == {"Ánh", twin, "Đức", "bob"}  # Đức's decomposed twin is another user: left as it was
+    assert auth.require_user(conn, nfd).name == "Ánh"  # found again, typed either way
+
+
 def test_disabled_user_cannot_sign_in_and_their_sessions_end(conn: store.Connection, alice: auth.User,
                                                              admin: auth.User) -> None:
     session = auth.authenticate(conn, "alice", PASSWORD, T0, POLICY)
