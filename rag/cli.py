@@ -900,7 +900,7 @@ def _add_eval_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     r.add_argument("--set", dest="sets", nargs=2, action="append", metavar=("DB", "GOLDEN"), required=True,
                    help="a database and its golden set (repeat; named by the golden file's stem, or its folder "
                         "for a golden.json)")
-    r.add_argument("--depth", type=at_least(1), default=30, help="fused hits the model re-orders (default 30)")
+    r.add_argument("--depth", type=int, default=30, help="fused hits the model re-orders (default 30)")
     r.add_argument("--out", help="write the model fitted on every set as JSON (rag/ranker_default.json is the "
                                  "bundled one); point rank_model at it to use it")
     r.add_argument("--check", action="store_true",

@@ -21,11 +21,17 @@ class SlowEmbedder(FakeEmbedder):
         return super().embed_passages(texts)
 
 
+def report(done: int, _total: int, _chunks: int, _source: str) -> None:
+    """``done N`` once N documents are committed (the call before the first file, done 0, says nothing)."""
+    if done:
+        print(f"done {done}", flush=True)
+
+
 def main(db: str, folder: str) -> None:
     conn = store.open_db(db)
     print("started", flush=True)
     ingest(conn, [folder], settings=load_settings(db_path=db, embed_batch=2), embedder=SlowEmbedder(),
-           on_progress=lambda done, _total, _chunks, _source: print(f"done {done}", flush=True))
+           on_progress=report)
     print("finished", flush=True)
 
 
