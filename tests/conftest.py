@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -197,3 +198,16 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return data
+
+
+def migration_named(conn: Any, suffix: str) -> str:
+    """The name of the migration ending in ``suffix`` on ``conn``'s backend (db/migrations or
+    db/migrations_pg), forgotten in ``_migrations`` so that ``store.migrate`` runs it again."""
+    if store.is_postgres(conn):
+        from rag import pg
+
+        name = next(m.name for m in pg.all_migrations() if m.name.endswith(suffix))
+    else:
+        name = next(m.name for m in store.all_migrations() if m.name.endswith(suffix))
+    conn.execute("DELETE FROM _migrations WHERE name = ?", (name,))
+    return name

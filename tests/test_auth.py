@@ -22,7 +22,7 @@ from rag.config import load_settings
 from rag.errors import AuthError, LockedOutError, NotFoundError, PermissionDeniedError, RagError
 from rag.records import Answer, Citation, Hit
 
-from .conftest import database_error
+from .conftest import database_error, migration_named
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 PASSWORD = "correct horse battery"
@@ -355,13 +355,7 @@ def test_migration_composes_the_user_names_older_versions_stored_decomposed(conn
     nfd, twin = unicodedata.normalize("NFD", "Ánh"), unicodedata.normalize("NFD", "Đức")
     for name in (nfd, twin, "Đức", "bob"):  # stored as older versions did: as typed
         conn.execute("INSERT INTO users (name, password_hash) VALUES (?, ?)", (name, "x"))
-    if store.is_postgres(conn):
-        from rag import pg
-
-        name = next(m.name for m in pg.all_migrations() if m.name.endswith("_nfc_user_names"))
-    else:
-        name = next(m.name for m in store.all_migrations() if m.name.endswith("_nfc_user_names"))
-    conn.execute("DELETE FROM _migrations WHERE name = ?", (name,))
+    name = migration_named(conn, "_nfc_user_names")
     assert store.migrate(conn) == [name]
     names = {r[0] for r in conn.execute("SELECT name FROM users")}
     assert names == {"Ánh", twin, "Đức", "bob"}  # Đức's decomposed twin is another user: left as it was

@@ -11,14 +11,20 @@ from rag import cli
 from rag.errors import RagError
 
 
-def test_ingest_status_chunks_delete_roundtrip(
-    tmp_path: Path, db_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder to ingest, with the CLI's embedder the deterministic fake."""
     from .fakes import FakeEmbedder
 
     monkeypatch.setattr("rag.registry.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
-    corpus = tmp_path / "c"
-    corpus.mkdir()
+    folder = tmp_path / "c"
+    folder.mkdir()
+    return folder
+
+
+def test_ingest_status_chunks_delete_roundtrip(
+    corpus: Path, db_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (corpus / "a.md").write_text("# A\n\nAlpha text here.\n", encoding="utf-8")
     (corpus / "b.txt").write_bytes(b"\xff\xfe\x00")
     assert cli.main(["ingest", str(corpus), "--db", str(db_path), "--json"]) == 0
@@ -39,13 +45,8 @@ def test_ingest_status_chunks_delete_roundtrip(
 
 
 def test_a_file_name_with_a_line_break_stays_one_line_of_a_listing(
-    tmp_path: Path, db_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    corpus: Path, db_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from .fakes import FakeEmbedder
-
-    monkeypatch.setattr("rag.registry.load_embedder", lambda spec="minilm", threads=0: FakeEmbedder())
-    corpus = tmp_path / "c"
-    corpus.mkdir()
     (corpus / "two\nlines.md").write_text("# Two\n\nThe beacon sits on port 9.\n", encoding="utf-8")
     (corpus / "bad\tname.txt").write_bytes(b"\xff\xfe\x00")
     assert cli.main(["ingest", str(corpus), "--db", str(db_path)]) == 0

@@ -13,7 +13,7 @@ from rag import store
 from rag.errors import ExtensionLoadError, IndexMismatchError
 from rag.records import Chunk
 
-from .conftest import SQLITE_ONLY, database_error, vector_access_keys
+from .conftest import SQLITE_ONLY, database_error, migration_named, vector_access_keys
 
 
 @pytest.fixture
@@ -402,13 +402,7 @@ def test_migration_nfc_sources_composes_the_names_older_versions_stored_decompos
     coll = store.create_collection(conn, "c", "fake", 8)
     for source in (nfd, twin, unicodedata.normalize("NFC", twin), "plain.md"):  # Ghi chú.md in both forms
         store.replace_document(conn, coll, _version(source, "text", ["all"]), _rows("text", [_unit(8, 1)]))
-    if store.is_postgres(conn):
-        from rag import pg
-
-        name = next(m.name for m in pg.all_migrations() if m.name.endswith("_nfc_sources"))
-    else:
-        name = next(m.name for m in store.all_migrations() if m.name.endswith("_nfc_sources"))
-    conn.execute("DELETE FROM _migrations WHERE name = ?", (name,))
+    name = migration_named(conn, "_nfc_sources")
     assert store.migrate(conn) == [name]
     sources = {r["source"] for r in store.document_rows(conn)}
     # the twin stays as it was: renaming it would merge two documents (`rag delete` removes one)
