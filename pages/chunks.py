@@ -42,7 +42,7 @@ with ui.frame("view_chunks") as view:
     needle = right.text_input("Content contains", placeholder="filter words")
     shown = [
         r for r in rows
-        if (section == "(all sections)" or r["section"] == section) and needle.casefold() in r["content"].casefold()
+        if (section == "(all sections)" or r["section"] == section) and ui.filter_matches(needle, r["content"])
     ]
 
     table = pd.DataFrame(

@@ -16,6 +16,7 @@ import html
 import itertools
 import re
 import threading
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from rag.llm import LanguageModel
 from rag.messages import say
 from rag.records import Answer, Citation, Collection, Hit, Retrieved
 from rag.resources import Resources
+from rag.text import fold
 from rag.verify import MARKER as CITATION_MARKER
 
 Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.properties() may facet)
@@ -597,6 +599,17 @@ def per_query_frame(report: EvalReport, flipped: Sequence[Flip]) -> pd.DataFrame
             "flip since previous run": "; ".join(changes.get(q.id, [])),
         })
     return pd.DataFrame(rows)
+
+
+def filter_matches(needle: str, content: str) -> bool:
+    """Whether a page's word filter finds ``needle`` in ``content``: case-blind, in either Unicode
+    form (a name pasted from macOS is decomposed), and, for a needle typed without any diacritic,
+    blind to tones too ("nghi phep" finds "Nghỉ phép"), as the keyword search reads it. A needle
+    typed with its tones must match them ("lỗi" is not "lời")."""
+    composed = unicodedata.normalize("NFC", needle).casefold()
+    if fold(composed) == composed:  # no diacritic typed: compare without them
+        return composed in fold(content)
+    return composed in unicodedata.normalize("NFC", content).casefold()
 
 
 def missing_needles_text(destroyed: Destroyed, shown: int = 8) -> str:

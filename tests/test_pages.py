@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 from rag import store
 from rag.config import load_settings
 from rag.ingest import ingest
+from rag.text import fold
 
 from .conftest import GUIDE, ROOT
 from .fakes import FakeEmbedder
@@ -307,6 +308,29 @@ def test_chunks_page_filters_by_words(guide_db: Path) -> None:
     assert not at.exception
     assert len(at.dataframe[0].value) == 0 < before
     assert "No chunk matches the filter." in texts(at)
+
+
+def test_chunks_page_filter_reads_vietnamese_typed_without_tones(guide_db: Path) -> None:
+    at = run_page("pages/chunks.py")
+    vietnamese = next(i for i, label in enumerate(at.selectbox[0].options) if label.startswith("vi/bat-dau.md"))
+    at.selectbox[0].select_index(vietnamese).run()
+    content = "\n".join(c.value for c in at.code)
+    word = next(w for w in content.split() if fold(w) != w.casefold() and fold(w).isalpha())  # a word with tones
+    at.text_input[0].input(fold(word)).run()  # typed without them
+    assert not at.exception and len(at.dataframe[0].value) > 0
+
+
+@pytest.mark.parametrize(("needle", "found"), [
+    ("nghi phep", True), ("NGHỈ PHÉP", True), ("lỗi", True), ("lời", False), ("duong", True), ("vpn-403", True),
+])
+def test_the_word_filter_is_blind_to_case_form_and_tones_typed_without(needle: str, found: bool) -> None:
+    import unicodedata
+
+    from rag.ui import filter_matches
+
+    content = "Nghỉ phép năm 12 ngày; đường dây nóng; lỗi VPN-403"
+    assert filter_matches(needle, content) is found
+    assert filter_matches(unicodedata.normalize("NFD", needle), unicodedata.normalize("NFD", content)) is found
 
 
 # ---------------------------------------------------------------------------------------------
