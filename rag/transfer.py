@@ -3,7 +3,8 @@
 Documents are copied with their chunks, folded FTS texts and stored vectors (nothing is
 re-embedded), each through ``store.replace_document``, so each lands in ONE transaction on the
 destination and an interrupted copy leaves whole documents only. Run it again to resume: a
-document already in DEST with the same content hash, status and chunk count is skipped.
+document already in DEST with the same content hash, status, chunk count, groups, path and title
+is skipped (one whose folder moved or whose title changed is copied again, in place).
 Into an empty PostgreSQL database the copy is a bulk load (``rag.pg.bulk_load``): the search
 indexes are built once at the end, as an ops team restores a dump, instead of row by row.
 Afterwards the copy is verified by counts (documents, chunks per collection) and by the SHA-256
@@ -74,8 +75,11 @@ def _target_collection(dest: store.Connection, source: Collection) -> Collection
 
 
 def _unchanged(row: Any, existing: Any | None) -> bool:
+    """DEST holds this document as the source does: same content, state, permissions, and the same
+    path and title (a folder moved, or a title edited, with the bytes unchanged, is copied again,
+    so that DEST's prune and citations follow the source's)."""
     return existing is not None and all(existing[k] == row[k] for k in ("content_hash", "status", "chunk_count",
-                                                                         "groups"))
+                                                                         "groups", "path", "title"))
 
 
 def _copy_document(src: store.Connection, dest: store.Connection, source: Collection, target: Collection,

@@ -146,3 +146,19 @@ def test_a_copied_chat_opens_the_documents_it_cited(tmp_path: Path, backend_db: 
     finally:
         src.close()
         dest.close()
+
+
+def test_a_second_migrate_carries_a_moved_or_retitled_document(source: Any, tmp_path: Path) -> None:
+    dest = store.open_db(tmp_path / "dest.db")
+    assert transfer.copy_collections(source, dest)[0].copied == 3
+    coll = store.require_collection(source, "default")
+    moved = store.find_document(source, coll.id, "leave.md")
+    store.set_document_path(source, moved["id"], "/elsewhere/leave.md")  # the folder moved, same bytes
+    source.execute("UPDATE documents SET title = 'Travel policy' WHERE source = 'travel.md'")
+    again = transfer.copy_collections(source, dest)[0]
+    assert (again.copied, again.skipped, again.verified) == (2, 1, True)
+    target = store.require_collection(dest, "default")
+    assert store.find_document(dest, target.id, "leave.md")["path"] == "/elsewhere/leave.md"
+    assert store.find_document(dest, target.id, "travel.md")["title"] == "Travel policy"
+    assert transfer.copy_collections(source, dest)[0].skipped == 3  # and then nothing more
+    dest.close()
