@@ -353,7 +353,13 @@ def _copy_turns(src: store.Connection, dest: store.Connection, collection: str,
         values = {c: turn[c] for c in _TURN_COLUMNS.split(", ")} | {"answer": _answer_for(dest_ids, turn["answer"])}
         if turn["user_id"] is not None and reader is None:
             orphans += 1
-        elif _turn_key(turn) in present or _turn_key(values) in present:  # copied before, or as before this fix
+        elif _turn_key(values) in present:  # copied before
+            skipped += 1
+        elif _turn_key(turn) in present:  # copied by a version that kept SRC's document ids: DEST's now
+            dest.execute("UPDATE chat_turns SET answer = ? WHERE collection = ? AND chat_id = ? AND created_at = ? "
+                         "AND question = ? AND answer = ?",
+                         (values["answer"], collection, turn["chat_id"], turn["created_at"], turn["question"],
+                          turn["answer"]))
             skipped += 1
         else:
             dest.execute(f"INSERT INTO chat_turns (user_id, {_TURN_COLUMNS}) VALUES ({marks})",

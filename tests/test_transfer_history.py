@@ -143,6 +143,16 @@ def test_a_copied_chat_opens_the_documents_it_cited(tmp_path: Path, backend_db: 
         with pytest.raises(NotFoundError):  # not whichever document DEST gave that number
             access.readable_document(dest, turn.answer.dropped[0].document_id, ["hr"])
         assert transfer.copy_history(src, dest, ["default"]).turns_skipped == 1  # a second run adds nothing
+
+        # A turn an earlier version copied as it was (SRC's ids) is pointed at DEST's documents on the next run.
+        raw = src.execute("SELECT answer FROM chat_turns WHERE chat_id = 'c'").fetchone()[0]
+        dest.execute("UPDATE chat_turns SET answer = ? WHERE chat_id = 'c'", (raw,))
+        (old,) = conversation.chat_turns(dest, "default", "c")
+        assert old.answer.hits[0].document_id == src_ids["travel.md"] != turn.answer.hits[0].document_id
+        assert transfer.copy_history(src, dest, ["default"]).turns_skipped == 1
+        (repaired,) = conversation.chat_turns(dest, "default", "c")
+        assert repaired.answer.hits[0].document_id == turn.answer.hits[0].document_id
+        assert len(conversation.chat_turns(dest, "default", "c")) == 1
     finally:
         src.close()
         dest.close()
