@@ -135,6 +135,7 @@ def cmd_ingest(args: argparse.Namespace, resources: Resources) -> int:
         )
     finally:
         close()
+    _audit_change(conn, "ingest", {"collection": settings.collection, "summary": report.summary()})
     if args.json:
         print_json(report)
     else:
@@ -144,6 +145,16 @@ def cmd_ingest(args: argparse.Namespace, resources: Resources) -> int:
             print(f"WARNING: {one_line(warning)}", file=sys.stderr)
         print(report.summary())
     return 0
+
+
+def _audit_change(conn: Any, action: str, detail: dict[str, Any]) -> None:
+    """Record a change to the documents made with the command line, on a team desk (one with an
+    admin), without a user name, as the Documents page records an editor's: whoever runs ``rag``
+    holds the database already, but the log still tells the admins what changed and when."""
+    from rag import auth
+
+    if auth.has_admin(conn):
+        auth.record(conn, None, action, {**detail, "from": "command line"})
 
 
 def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
@@ -256,6 +267,7 @@ def cmd_reindex(args: argparse.Namespace, resources: Resources) -> int:
                          everything=args.all, on_progress=update)
     finally:
         close()
+    _audit_change(conn, "ingest", {"collection": settings.collection, "reindex": True, "summary": report.summary()})
     print(report.summary())
     return 0
 
@@ -270,7 +282,9 @@ def cmd_delete(args: argparse.Namespace, resources: Resources) -> int:
     if row is None:
         raise RagError(f"no document {args.source!r} in collection {coll.name!r}")
     store.delete_document(conn, row["id"])
-    print(f"deleted {coll.name}/{args.source}")
+    _audit_change(conn, "delete_documents", {"collection": coll.name, "sources": [row["source"]],
+                                             "document_ids": [int(row["id"])]})
+    print(f"deleted {coll.name}/{one_line(row['source'])}")
     return 0
 
 

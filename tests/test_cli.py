@@ -326,3 +326,25 @@ def test_a_documents_control_characters_are_shown_not_obeyed_on_a_terminal(
     monkeypatch.setattr(sys, "stdout", piped)
     assert cli.main(["search", "beacon port", "--db", str(db_path), "--stage", "fts"]) == 0
     assert "\x1b[31mred" in capsys.readouterr().out  # a pipe or a file gets the text as it is
+
+
+def test_document_changes_from_the_command_line_are_audited_on_a_team_desk(
+    corpus: Path, db_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag import auth, store
+
+    (corpus / "a.md").write_text("# A\n\nAlpha text here.\n", encoding="utf-8")
+    (corpus / "b.md").write_text("# B\n\nBeta text here.\n", encoding="utf-8")
+    assert cli.main(["ingest", str(corpus), "--db", str(db_path)]) == 0  # a desktop desk keeps no log
+    conn = store.open_db(db_path)
+    assert auth.audit_rows(conn) == []
+    auth.add_user(conn, "root", "root-password-1", role="admin")
+    assert cli.main(["ingest", str(corpus), "--db", str(db_path)]) == 0
+    assert cli.main(["delete", "b.md", "--db", str(db_path)]) == 0
+    assert cli.main(["reindex", "--db", str(db_path)]) == 0
+    capsys.readouterr()
+    rows = [r for r in auth.audit_rows(conn) if r.action != "user_add"]
+    assert [(r.user, r.action) for r in rows] == [(None, "ingest"), (None, "delete_documents"), (None, "ingest")]
+    assert rows[0].detail["from"] == "command line" and "2 files" in rows[0].detail["summary"]
+    assert rows[1].detail["sources"] == ["b.md"] and rows[2].detail["reindex"] is True
+    conn.close()
