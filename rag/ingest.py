@@ -321,12 +321,14 @@ def save_uploads(files: Sequence[Any], folder: Path) -> tuple[list[Path], list[s
     """Write uploaded files (objects with ``.name`` and ``.getvalue()``) into ``folder``, to ingest them.
 
     Returns the saved paths and one message per file that was refused (unsupported type, bad
-    name). Names are reduced to their last component, so an upload cannot escape the folder.
+    name). Names are reduced to their last component, so an upload cannot escape the folder, and
+    composed (NFC), as document names are, so the same file uploaded from a Mac and from Windows
+    is one file.
     """
     saved: list[Path] = []
     refused: list[str] = []
     for upload in files:
-        name = Path(str(upload.name)).name
+        name = nfc(Path(str(upload.name)).name)  # a Mac's browser sends it decomposed: one file per name
         if not name or name in {".", ".."}:
             refused.append(f"{upload.name!r}: not a usable file name")
             continue

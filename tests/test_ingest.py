@@ -436,3 +436,9 @@ def test_save_uploads_refuses_unsupported_types_and_path_tricks(tmp_path: Path) 
     assert [p.name for p in saved] == ["notes.md", "evil.md"]
     assert all(p.parent == tmp_path / "uploads" for p in saved)
     assert len(refused) == 1 and "report.docx" in refused[0] and "unsupported file type" in refused[0]
+    # A Mac's upload names the file decomposed (NFD), a Windows one composed: one file, not two.
+    mac, windows = unicodedata.normalize("NFD", "Nghỉ phép.md"), "Nghỉ phép.md"
+    first, _ = save_uploads([Upload(mac, b"# A\n\nold")], tmp_path / "uploads")
+    second, _ = save_uploads([Upload(windows, b"# A\n\nnew")], tmp_path / "uploads")
+    assert first == second and first[0].name == windows and first[0].read_bytes() == b"# A\n\nnew"
+    assert sorted(p.name for p in (tmp_path / "uploads").iterdir()) == sorted(["evil.md", windows, "notes.md"])
