@@ -761,7 +761,6 @@ def _per_query_lines(report: EvalReport) -> list[str]:
     """One line per query: first relevant rank per stage (or LEAK), closest distance, gate outcome."""
     config, gate = report.config, report.gate
     kmax, stages = max(config.ks), config.stages
-    missing = set(report.destroyed.missing_items)
     lines = [f"per query: rank of the first relevant hit (- none in top {config.depth}; (r) beyond "
              f"k={kmax}); closest distance and gate outcome at {gate.current.threshold:.3f} on {gate.stage}; "
              "destroyed X by chunking, ? quote in no document"]
@@ -773,7 +772,7 @@ def _per_query_lines(report: EvalReport) -> list[str]:
         else:
             ranks = ["LEAK" if s in q.leaks else "." for s in stages]
         distance = q.min_distance.get(gate.stage)
-        lost = "X" if q.destroyed else "?" if q.kind == "answerable" and q.item in missing else ""
+        lost = "X" if q.destroyed else "?" if report.quote_missing(q) else ""
         rows.append([q.id, short, lost, *ranks, "" if distance is None else f"{distance:.3f}",
                      q.gate or "", q.query[:70]])
     return lines + _table(["query", "kind", "destroyed", *stages, "dmin", "gate", "text"], rows)

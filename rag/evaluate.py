@@ -433,6 +433,11 @@ class EvalReport:
     per_query: tuple[QueryResult, ...]
     version: int = REPORT_VERSION
 
+    def quote_missing(self, query: QueryResult) -> bool:
+        """Whether ``query`` is answerable and no indexed document holds any of its item's quotes
+        (a golden-set mistake: ``Destroyed.missing_items``), which no stage can find."""
+        return query.kind == "answerable" and query.item in self.destroyed.missing_items
+
     def to_json(self) -> dict[str, Any]:
         """The report; ``breakdown`` is derived from ``per_query`` (``from_json`` does not read it)."""
         return {**self.summary_json(), "breakdown": [g.to_json() for g in breakdown(self)],

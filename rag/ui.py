@@ -16,7 +16,6 @@ import html
 import itertools
 import re
 import threading
-import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from rag.llm import LanguageModel
 from rag.messages import say
 from rag.records import Answer, Citation, Collection, Hit, Retrieved
 from rag.resources import Resources
-from rag.text import fold
+from rag.text import fold, nfc
 from rag.verify import MARKER as CITATION_MARKER
 
 Chart = alt.LayerChart | alt.FacetChart  # what the chart builders return (.properties() may facet)
@@ -587,14 +586,13 @@ def per_query_frame(report: EvalReport, flipped: Sequence[Flip]) -> pd.DataFrame
         changes.setdefault(f.query, []).append(
             f"{f.stage} {f.change} ({_rank_text(f.before)} → {_rank_text(f.after)})"
         )
-    missing = set(report.destroyed.missing_items)
     rows = []
     for q in report.per_query:
         rows.append({
             "id": q.id, "kind": q.kind, "query": q.query, "groups": ", ".join(q.groups),
             **{f"rank {s}": q.ranks.get(s) for s in report.stages},
             "gate": q.gate or "", "destroyed": q.destroyed,
-            "quote in no document": q.kind == "answerable" and q.item in missing,
+            "quote in no document": report.quote_missing(q),
             "leaks": ", ".join(q.leaks),
             "flip since previous run": "; ".join(changes.get(q.id, [])),
         })
@@ -606,10 +604,10 @@ def filter_matches(needle: str, content: str) -> bool:
     form (a name pasted from macOS is decomposed), and, for a needle typed without any diacritic,
     blind to tones too ("nghi phep" finds "Nghỉ phép"), as the keyword search reads it. A needle
     typed with its tones must match them ("lỗi" is not "lời")."""
-    composed = unicodedata.normalize("NFC", needle).casefold()
+    composed = nfc(needle).casefold()
     if fold(composed) == composed:  # no diacritic typed: compare without them
         return composed in fold(content)
-    return composed in unicodedata.normalize("NFC", content).casefold()
+    return composed in nfc(content).casefold()
 
 
 def missing_needles_text(destroyed: Destroyed, shown: int = 8) -> str:
