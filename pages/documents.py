@@ -40,11 +40,12 @@ with ui.frame("upload") as view:
 
     st.title("Documents")
     if view.team:
-        st.caption("The documents you may read. Supported files: Markdown, text, HTML and PDF.")
+        st.caption("The documents you may read. Supported files: Markdown, text, HTML, PDF, Word (.docx) and "
+                   "OpenDocument (.odt).")
     else:
         st.caption(
             "Operator view: every document of the collection, whatever the sidebar's *viewing as* groups. "
-            "Supported files: Markdown, text, HTML and PDF."
+            "Supported files: Markdown, text, HTML, PDF, Word (.docx) and OpenDocument (.odt)."
         )
     ui.show_flash()
 

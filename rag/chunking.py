@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from markdown_it import MarkdownIt
 from markdown_it.tree import SyntaxTreeNode
 
+from rag.extract import MARKDOWN_EXTRACTORS
 from rag.records import Chunk, Extracted
 from rag.text import relevance_norm
 
@@ -219,7 +220,7 @@ _WHITESPACE = re.compile(r"\s+")
 
 def document_segments(doc: Extracted) -> list[Segment]:
     """The document's block structure: one segment for the body, or one per PDF page."""
-    markdown = doc.extractor in ("markdown", "html")
+    markdown = doc.extractor in MARKDOWN_EXTRACTORS
     spans: list[tuple[int | None, int, int]]
     if doc.pages:
         spans = [(p.page, p.char_from, p.char_to) for p in doc.pages]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag.config import Settings, load_settings
 from rag.errors import RagError
+from rag.extract import SUPPORTED_SUFFIXES
 
 if TYPE_CHECKING:  # the eval types, for hints only: `rag ingest` must not pay for importing scipy
     from rag.evaluate import Comparison, EvalReport, GateSweep, StrategyTable
@@ -1228,7 +1229,7 @@ def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     asub = p.add_subparsers(dest="audit_command", metavar="{cuts,channels,prune}")
     _add_audit_prune_parser(asub)
     c = asub.add_parser("cuts", help="how many chunk cuts fall outside paragraph and sentence boundaries (seed 004)")
-    c.add_argument("file", help="a document (.md .txt .html .pdf)")
+    c.add_argument("file", help=f"a document ({' '.join(SUPPORTED_SUFFIXES)})")
     c.add_argument("--strategy", choices=list("ABCDEFR"), default="E", help="chunking strategy (default E)")
     c.add_argument("--size", type=int, help="character target, at least 2: the window of A/B (512) and R (1000); "
                                             "for C-F the budget is then counted in characters")
@@ -1630,7 +1631,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers: dict[str, Handler] = {}
 
     p = sub.add_parser("ingest", help="index files and folders")
-    p.add_argument("paths", nargs="+", help="files or folders (.md .markdown .txt .html .pdf)")
+    p.add_argument("paths", nargs="+", help=f"files or folders ({' '.join(SUPPORTED_SUFFIXES)})")
     _common(p)
     p.add_argument("--acl", help='access map JSON {"path or glob": ["group", ...]}')
     p.add_argument("--prune", action="store_true", help="remove documents whose files are gone")

@@ -1,4 +1,5 @@
-"""Extract canonical text (NFC, LF) from Markdown, plain text, HTML and PDF files.
+"""Extract canonical text (NFC, LF) from Markdown, plain text, HTML, PDF, Word (.docx) and
+OpenDocument (.odt) files.
 
 Every chunk offset and citation locator refers to the canonical text this module returns,
 which is stored in the database, so a citation can always be resolved to the exact passage.
@@ -19,8 +20,11 @@ from rag.records import Extracted, PageSpan
 from rag.text import nfc
 
 SUPPORTED_SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html",
-                      ".htm": "html", ".pdf": "pdf"}
-EXTRACTOR_VERSIONS = {"markdown": "1", "text": "1", "html": "2", "pdf": "1"}
+                      ".htm": "html", ".pdf": "pdf", ".docx": "docx", ".odt": "odt"}
+EXTRACTOR_VERSIONS = {"markdown": "1", "text": "1", "html": "2", "pdf": "1", "docx": "1", "odt": "1"}
+# Extractors whose text is Markdown (written, or converted to it: "#" headings, "- " items, pipe
+# tables), so that chunking splits it by its Markdown blocks rather than as plain text.
+MARKDOWN_EXTRACTORS = frozenset({"markdown", "html", "docx", "odt"})
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)?(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
 # "---" on line 1 followed by YAML-looking "key:" lines and no closing "---": broken front matter.
@@ -258,12 +262,18 @@ def extract_html(path: Path, data: bytes) -> Extracted:
         flush()
 
     walk(root)
+    return _converted(path, lines, title, "html")
+
+
+def _converted(path: Path, lines: list[str], title: str, extractor: str) -> Extracted:
+    """A document converted to Markdown-like ``lines`` (blocks split by blank lines), as Extracted:
+    its ``title``, else its first ``#`` heading, else the file name."""
     text = canonical(re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n")
     _require_text(text)
     if not title:
         h1 = _ATX_H1.search(text)
         title = h1.group(1).strip() if h1 else _title_from_stem(path)
-    return Extracted(text, nfc(title), "html", EXTRACTOR_VERSIONS["html"])
+    return Extracted(text, nfc(title), extractor, EXTRACTOR_VERSIONS[extractor])
 
 
 def extract_pdf(path: Path, data: bytes) -> Extracted:
@@ -305,7 +315,236 @@ def extract_pdf(path: Path, data: bytes) -> Extracted:
     return Extracted(text, title, "pdf", EXTRACTOR_VERSIONS["pdf"], 0, tuple(pages))
 
 
-_EXTRACTORS = {"markdown": extract_markdown, "text": extract_plain, "html": extract_html, "pdf": extract_pdf}
+def _squash_lines(text: str) -> str:
+    """Each line's runs of spaces and tabs made one space; empty lines dropped (a soft line break
+    inside a paragraph stays a line break)."""
+    lines = (re.sub(r"[ \t\u00a0]+", " ", line).strip() for line in text.split("\n"))
+    return "\n".join(line for line in lines if line)
+
+
+def _table_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+def _table_lines(rows: list[list[str]]) -> list[str]:
+    """A table as a Markdown pipe table (its first row the header), so chunking keeps it whole."""
+    rows = [row for row in rows if any(row)]
+    if not rows:
+        return []
+    width = max(len(row) for row in rows)
+    lines = [_table_row(rows[0] + [""] * (width - len(rows[0]))), "|" + " --- |" * width]
+    lines.extend(_table_row(row + [""] * (width - len(row))) for row in rows[1:])
+    return ["", *lines, ""]
+
+
+_CFB_MAGIC = b"\xd0\xcf\x11\xe0"  # an OLE compound file: Word 97-2003, or an encrypted OOXML/ODF package
+
+
+def _office_package(data: bytes, kind: str) -> None:
+    """Refuse, with what to do, what is not an unencrypted Office Open XML / OpenDocument zip."""
+    if data.startswith(_CFB_MAGIC):
+        raise ExtractionError(f"not a {kind} package: a password-protected document, or an older binary format "
+                              f"(Word 97-2003 .doc) renamed; save it as {kind} without a password")
+    if not data.startswith(b"PK"):
+        raise ExtractionError(f"not a {kind} file (it is not a zip package); save it as {kind} again")
+
+
+# python-docx reads the package (styles, parts); the body is walked here, not through
+# ``Document.paragraphs``: that skips content controls (``w:sdt``, which templates wrap whole sections
+# in) and the runs of tracked insertions, and a text box's fallback copy would be read twice.
+def extract_docx(path: Path, data: bytes) -> Extracted:
+    """Word .docx -> Markdown-like text: headings (by style, outline level) as '#', list paragraphs as
+    '- ', tables as pipe tables. Headers, footers, footnotes, comments and tables of contents are
+    page furniture and left out; deleted text of tracked changes too."""
+    import zipfile
+
+    from docx import Document
+    from docx.enum.style import WD_STYLE_TYPE
+    from docx.opc.exceptions import PackageNotFoundError
+    from docx.oxml.ns import qn
+    from lxml import etree
+
+    _office_package(data, ".docx")
+    try:
+        document = Document(io.BytesIO(data))
+    except KeyError as e:  # a part every .docx has is missing: another zip format renamed
+        raise ExtractionError(f"not a Word .docx package ({e.args[0]}); is it another kind of file renamed?") from e
+    except ValueError as e:  # python-docx: "file '...' is not a Word file, content type is '...'"
+        raise ExtractionError(f"not a Word .docx document: {e}") from e
+    except (zipfile.BadZipFile, PackageNotFoundError, etree.LxmlError) as e:
+        raise ExtractionError(f"corrupt or unreadable Word document: {type(e).__name__}: {e}") from e
+    body = document.element.body
+    fallback = "{http://schemas.openxmlformats.org/markup-compatibility/2006}Fallback"
+    for copy in list(body.iter(fallback)):
+        copy.getparent().remove(copy)
+    styles: dict[str | None, tuple[int | None, bool, bool]] = {}
+
+    def outline_level(element: Any) -> int | None:
+        """The heading level a paragraph or a style sets by its outline level (0-8; 9 is body text)."""
+        value = element.xpath("./w:pPr/w:outlineLvl/@w:val")
+        return int(value[0]) + 1 if value and value[0].isdigit() and int(value[0]) < 9 else None
+
+    def style_of(style_id: str | None) -> tuple[int | None, bool, bool]:
+        """(heading level, list style, table of contents) of a paragraph style, through its bases."""
+        if style_id not in styles:
+            level, listed, contents = None, False, False
+            style: Any = document.part.get_style(style_id, WD_STYLE_TYPE.PARAGRAPH)
+            while style is not None and level is None:
+                name = (style.name or "").casefold()
+                heading = re.fullmatch(r"heading\s*([1-9])", name)
+                level = 1 if name == "title" else int(heading.group(1)) if heading else outline_level(style.element)
+                listed = listed or "list" in name
+                contents = contents or name.startswith("toc")
+                style = getattr(style, "base_style", None)  # a paragraph style's, through its bases
+            styles[style_id] = (level, listed, contents)
+        return styles[style_id]
+
+    def text_of(element: Any) -> str:
+        parts = []
+        for node in element.iter(qn("w:t"), qn("w:tab"), qn("w:br"), qn("w:cr"), qn("w:p")):
+            if node.tag == qn("w:t"):
+                parts.append(node.text or "")
+            elif node.tag == qn("w:tab"):
+                parts.append("\t")
+            elif node is not element:  # a break, or a paragraph of a text box inside this one
+                parts.append("\n")
+        return _squash_lines("".join(parts))
+
+    def cell_text(cell: Any) -> str:  # its paragraphs, and those of a table inside it, on one line
+        return " ".join(text_of(cell).split("\n"))
+
+    lines: list[str] = []
+
+    def walk(container: Any) -> None:
+        for child in container.iterchildren():
+            if child.tag == qn("w:sdt"):
+                content = child.find(qn("w:sdtContent"))
+                if content is not None:
+                    walk(content)
+            elif child.tag == qn("w:tbl"):
+                rows = []
+                for tr in child.iterchildren(qn("w:tr")):
+                    row: list[str] = []
+                    for tc in tr.iterchildren(qn("w:tc")):  # a merged cell keeps the columns after it
+                        span = tc.xpath("./w:tcPr/w:gridSpan/@w:val")
+                        row.extend([cell_text(tc)] + [""] * (int(span[0]) - 1 if span and span[0].isdigit() else 0))
+                    rows.append(row)
+                lines.extend(_table_lines(rows))
+            elif child.tag == qn("w:p"):
+                text = text_of(child)
+                if not text:
+                    continue
+                level, listed, contents = style_of(child.style)
+                if contents:
+                    continue
+                level = outline_level(child) if level is None else level
+                if level is not None:
+                    lines.extend(["", "#" * level + " " + text.replace("\n", " "), ""])
+                elif listed or child.xpath("./w:pPr/w:numPr"):
+                    lines.append("- " + text)
+                else:
+                    lines.extend(["", text, ""])
+
+    walk(body)
+    return _converted(path, lines, (document.core_properties.title or "").strip(), "docx")
+
+
+def extract_odt(path: Path, data: bytes) -> Extracted:
+    """OpenDocument text (.odt, LibreOffice) -> Markdown-like text: headings by outline level as
+    '#', list items as '- ', tables as pipe tables. Footnotes, comments, indexes (a table of
+    contents) and tracked deletions are left out."""
+    import zipfile
+    from xml.sax import SAXException
+
+    from odf import dc, teletype
+    from odf.namespaces import OFFICENS, TABLENS, TEXTNS
+    from odf.opendocument import load
+
+    _office_package(data, ".odt")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as package:
+            manifest = package.read("META-INF/manifest.xml") if "META-INF/manifest.xml" in package.namelist() else b""
+        if b"encryption-data" in manifest:
+            raise ExtractionError("the OpenDocument file is password-protected; save a copy without a password")
+        document = load(io.BytesIO(data))
+    except ExtractionError:
+        raise
+    except KeyError as e:  # a part every OpenDocument file has is missing: another zip format renamed
+        raise ExtractionError(f"not an OpenDocument .odt package ({e.args[0]}); is it another kind of file "
+                              "renamed?") from e
+    except (zipfile.BadZipFile, ValueError, SAXException) as e:
+        raise ExtractionError(f"corrupt or unreadable OpenDocument file: {type(e).__name__}: {e}") from e
+    if not str(document.mimetype).startswith("application/vnd.oasis.opendocument.text"):
+        raise ExtractionError(f"an OpenDocument file of type {document.mimetype!r}, not a text document: only "
+                              ".odt text documents are read (save spreadsheets and slides as PDF)")
+    skipped = {(TEXTNS, name) for name in ("note", "tracked-changes", "table-of-content", "alphabetical-index",
+                                           "illustration-index", "table-index", "object-index", "user-index",
+                                           "bibliography", "sequence-decls")} | {(OFFICENS, "annotation")}
+
+    def text_of(element: Any) -> str:
+        parts: list[str] = []
+
+        def collect(node: Any) -> None:
+            for child in node.childNodes:
+                if child.nodeType == child.TEXT_NODE:
+                    parts.append(str(child.data))
+                elif child.nodeType != child.ELEMENT_NODE or child.qname in skipped:
+                    continue
+                elif child.qname == (TEXTNS, "s"):
+                    parts.append(" " * int(child.getAttrNS(TEXTNS, "c") or 1))
+                elif child.qname == (TEXTNS, "tab"):
+                    parts.append("\t")
+                elif child.qname == (TEXTNS, "line-break"):
+                    parts.append("\n")
+                else:
+                    if child.qname in ((TEXTNS, "p"), (TEXTNS, "h")) and parts:
+                        parts.append("\n")  # a paragraph of a frame or cell inside this one
+                    collect(child)
+
+        collect(element)
+        return _squash_lines("".join(parts))
+
+    lines: list[str] = []
+
+    def table_rows(node: Any) -> list[list[str]]:
+        rows = []
+        for child in node.childNodes:
+            if child.nodeType != child.ELEMENT_NODE:
+                continue
+            if child.qname == (TABLENS, "table-row"):
+                rows.append([text_of(cell).replace("\n", " ") for cell in child.childNodes
+                             if cell.nodeType == cell.ELEMENT_NODE and cell.qname == (TABLENS, "table-cell")])
+            elif child.qname[0] == TABLENS and child.qname[1] in ("table-header-rows", "table-rows", "table-row-group"):
+                rows.extend(table_rows(child))
+        return rows
+
+    def walk(node: Any, in_list: bool = False) -> None:
+        for child in node.childNodes:
+            if child.nodeType != child.ELEMENT_NODE or child.qname in skipped:
+                continue
+            if child.qname == (TEXTNS, "h"):
+                text = text_of(child)
+                level = min(int(child.getAttrNS(TEXTNS, "outline-level") or 1), 6)
+                if text:
+                    lines.extend(["", "#" * level + " " + text.replace("\n", " "), ""])
+            elif child.qname == (TEXTNS, "p"):
+                text = text_of(child)
+                if text:
+                    lines.extend([f"- {text}"] if in_list else ["", text, ""])
+            elif child.qname == (TABLENS, "table"):
+                lines.extend(_table_lines(table_rows(child)))
+            elif child.qname == (TEXTNS, "list"):
+                walk(child, in_list=True)
+            else:  # list items, sections, and other containers of paragraphs
+                walk(child, in_list)
+
+    walk(document.text)
+    titles = document.meta.getElementsByType(dc.Title)
+    return _converted(path, lines, teletype.extractText(titles[0]).strip() if titles else "", "odt")
+
+
+_EXTRACTORS = {"markdown": extract_markdown, "text": extract_plain, "html": extract_html, "pdf": extract_pdf,
+               "docx": extract_docx, "odt": extract_odt}
 
 
 def extract(path: Path, data: bytes | None = None) -> Extracted:

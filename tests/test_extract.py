@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,3 +160,184 @@ def test_a_short_document_with_one_letter_or_digit_is_text(name: str, data: byte
 def test_a_pdf_without_a_letter_or_digit_has_no_extractable_text() -> None:
     with pytest.raises(ExtractionError, match="the PDF has no extractable text"):
         extract(Path("dots.pdf"), make_pdf(["- . -"]))
+
+
+def make_docx(build: Any) -> bytes:
+    """A .docx written by python-docx (its default template is one Word saved), shaped by ``build``."""
+    from docx import Document
+
+    document = Document()
+    build(document)
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def _body_xml(document: Any, xml: str) -> None:
+    """Append raw WordprocessingML (what Word writes and python-docx has no API for) to the body;
+    ``{ns}`` in ``xml`` declares the w: and mc: namespaces."""
+    from docx.oxml import parse_xml
+
+    namespaces = ('xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" '
+                  'xmlns:mc="http://schemas.openxmlformats.org/markup-compatibility/2006"')
+    document.element.body.sectPr.addprevious(parse_xml(xml.format(ns=namespaces)))
+
+
+def test_docx_becomes_markdown_like_blocks() -> None:
+    def build(document: Any) -> None:
+        document.core_properties.title = "Sổ tay nhân viên"
+        document.add_heading("Nghỉ phép", 1)
+        paragraph = document.add_paragraph("Mỗi nhân viên có ")
+        paragraph.add_run("12 ngày").bold = True
+        paragraph.add_run(" nghỉ phép năm.")
+        document.add_paragraph("Gửi đơn trước ba ngày", style="List Bullet")
+        document.add_heading("Bảng lương", 2)
+        table = document.add_table(rows=2, cols=3)
+        for col, text in enumerate(["Bậc", "Lương", "Ghi chú"]):
+            table.cell(0, col).text = text
+        table.cell(1, 0).merge(table.cell(1, 1)).text = "gộp | hai ô"
+        table.cell(1, 2).text = "x"
+        document.sections[0].header.paragraphs[0].text = "HEADER ON EVERY PAGE"
+
+    doc = extract(Path("so-tay.docx"), make_docx(build))
+    assert doc.title == "Sổ tay nhân viên"
+    assert doc.extractor == "docx"
+    assert doc.text == (
+        "# Nghỉ phép\n\nMỗi nhân viên có 12 ngày nghỉ phép năm.\n\n- Gửi đơn trước ba ngày\n\n## Bảng lương\n\n"
+        "| Bậc | Lương | Ghi chú |\n| --- | --- | --- |\n| gộp \\| hai ô |  | x |\n"
+    )
+
+
+def test_docx_reads_content_controls_and_insertions_once_and_skips_deletions_and_contents() -> None:
+    # What Word writes and python-docx's Document.paragraphs misses or doubles: a section inside a
+    # content control (templates), a tracked insertion and deletion, a text box with its VML
+    # fallback copy, and a table of contents.
+    def build(document: Any) -> None:
+        document.add_paragraph("Contents entry 1", style=document.styles.add_style("TOC 1", 1))
+        _body_xml(document, '<w:sdt {ns}><w:sdtContent><w:p><w:r><w:t>Inside a control.</w:t></w:r></w:p>'
+                            '</w:sdtContent></w:sdt>')
+        _body_xml(document, '<w:p {ns}><w:r><w:t xml:space="preserve">Leave is </w:t></w:r>'
+                            '<w:ins w:id="1" w:author="A"><w:r><w:t>twelve</w:t></w:r></w:ins>'
+                            '<w:del w:id="2" w:author="A"><w:r><w:delText>ten</w:delText></w:r></w:del>'
+                            '<w:r><w:t xml:space="preserve"> days.</w:t></w:r></w:p>')
+        _body_xml(document, '<w:p {ns}><w:r><mc:AlternateContent><mc:Choice Requires="wps"><w:t>Boxed.</w:t>'
+                            '</mc:Choice><mc:Fallback><w:t>Boxed.</w:t></mc:Fallback></mc:AlternateContent>'
+                            '</w:r></w:p>')
+
+    doc = extract(Path("word.docx"), make_docx(build))
+    assert doc.text == "Inside a control.\n\nLeave is twelve days.\n\nBoxed.\n"
+    assert doc.title == "Word"  # no title property, no heading: the file name
+
+
+def test_docx_headings_by_outline_level_and_custom_styles_based_on_headings() -> None:
+    from docx.oxml import parse_xml
+
+    def build(document: Any) -> None:
+        custom = document.styles.add_style("Chương", 1)
+        custom.base_style = document.styles["Heading 2"]
+        document.add_paragraph("Chương một", style=custom)
+        localised = document.styles.add_style("Tiêu đề mục", 1)  # a heading by its outline level only
+        localised.element.get_or_add_pPr().append(parse_xml(
+            '<w:outlineLvl xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" w:val="3"/>'))
+        document.add_paragraph("Mục con", style=localised)
+        _body_xml(document, '<w:p {ns}><w:pPr><w:outlineLvl w:val="2"/></w:pPr><w:r><w:t>Mục 1.1</w:t></w:r></w:p>')
+        document.add_paragraph("Nội dung.")
+
+    assert extract(Path("c.docx"), make_docx(build)).text == (
+        "## Chương một\n\n#### Mục con\n\n### Mục 1.1\n\nNội dung.\n")
+
+
+def make_odt(build: Any) -> bytes:
+    from odf.opendocument import OpenDocumentText
+
+    document = OpenDocumentText()
+    build(document)
+    out = io.BytesIO()
+    document.write(out)
+    return out.getvalue()
+
+
+def test_odt_becomes_markdown_like_blocks() -> None:
+    from odf import dc, table, text
+
+    def build(document: Any) -> None:
+        document.meta.addElement(dc.Title(text="Hướng dẫn"))
+        document.text.addElement(text.H(outlinelevel=1, text="Nghỉ phép"))
+        paragraph = text.P(text="Mỗi nhân viên có")
+        paragraph.addElement(text.S(c=3))
+        paragraph.addText("12 ngày.")
+        note = text.Note(noteclass="footnote")
+        note.addElement(text.NoteCitation(text="1"))
+        body = text.NoteBody()
+        body.addElement(text.P(text="A FOOTNOTE"))
+        note.addElement(body)
+        paragraph.addElement(note)
+        paragraph.addElement(text.LineBreak())
+        paragraph.addText("Dòng hai.")
+        document.text.addElement(paragraph)
+        items = text.List()
+        for word in ("một", "hai"):
+            item = text.ListItem()
+            item.addElement(text.P(text=word))
+            items.addElement(item)
+        document.text.addElement(items)
+        grid = table.Table(name="T")
+        grid.addElement(table.TableColumn(numbercolumnsrepeated=2))
+        for row in (("A", "B"), ("1", "2")):
+            line = table.TableRow()
+            for value in row:
+                cell = table.TableCell()
+                cell.addElement(text.P(text=value))
+                line.addElement(cell)
+            grid.addElement(line)
+        document.text.addElement(grid)
+        document.text.addElement(text.H(outlinelevel=2, text="Phần hai"))
+
+    doc = extract(Path("huong-dan.odt"), make_odt(build))
+    assert (doc.title, doc.extractor) == ("Hướng dẫn", "odt")
+    assert doc.text == ("# Nghỉ phép\n\nMỗi nhân viên có 12 ngày.\nDòng hai.\n\n- một\n- hai\n\n"
+                        "| A | B |\n| --- | --- |\n| 1 | 2 |\n\n## Phần hai\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "reason"),
+    [
+        ("old.docx", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 512, "password-protected document, or an older"),
+        ("notes.docx", b"just text\n", "not a .docx file"),
+        ("cut.docx", "truncated docx", "corrupt or unreadable Word document"),
+        ("sheet.docx", "odt as docx", "not a Word .docx package"),
+        ("notes.odt", b"just text\n", "not a .odt file"),
+        ("sheet.odt", "spreadsheet", "not a text document"),
+        ("word.odt", "docx as odt", "not an OpenDocument .odt package"),
+        ("locked.odt", "locked odt", "password-protected"),
+    ],
+)
+def test_broken_office_documents_raise_a_clear_reason(name: str, data: bytes | str, reason: str) -> None:
+    import zipfile
+
+    from odf.opendocument import OpenDocumentSpreadsheet
+
+    text_odt = make_odt(lambda document: None)
+    if data == "truncated docx":
+        data = make_docx(lambda document: None)[:3000]
+    elif data == "odt as docx":
+        data = text_odt
+    elif data == "docx as odt":
+        data = make_docx(lambda document: None)
+    elif data == "spreadsheet":
+        out = io.BytesIO()
+        OpenDocumentSpreadsheet().write(out)
+        data = out.getvalue()
+    elif data == "locked odt":  # what LibreOffice writes for "save with password": an encrypted content.xml
+        out = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(text_odt)) as source, zipfile.ZipFile(out, "w") as target:
+            for item in source.namelist():
+                body = source.read(item)
+                if item == "META-INF/manifest.xml":
+                    body = body.replace(b"</manifest:manifest>", b"<!-- manifest:encryption-data -->"
+                                                                 b"</manifest:manifest>")
+                target.writestr(item, b"\x93\x11 encrypted" if item == "content.xml" else body)
+        data = out.getvalue()
+    assert isinstance(data, bytes)
+    with pytest.raises(ExtractionError, match=reason):
+        extract(Path(name), data)

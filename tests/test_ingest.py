@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -430,15 +431,51 @@ def test_save_uploads_refuses_unsupported_types_and_path_tricks(tmp_path: Path) 
             return self.data
 
     saved, refused = save_uploads(
-        [Upload("notes.md", b"# Notes\n\nHello."), Upload("report.docx", b"PK"), Upload("../../evil.md", b"x")],
+        [Upload("notes.md", b"# Notes\n\nHello."), Upload("report.doc", b"\xd0\xcf\x11\xe0"),
+         Upload("../../evil.md", b"x")],
         tmp_path / "uploads",
     )
     assert [p.name for p in saved] == ["notes.md", "evil.md"]
     assert all(p.parent == tmp_path / "uploads" for p in saved)
-    assert len(refused) == 1 and "report.docx" in refused[0] and "unsupported file type" in refused[0]
+    assert len(refused) == 1 and "report.doc" in refused[0] and "unsupported file type" in refused[0]
     # A Mac's upload names the file decomposed (NFD), a Windows one composed: one file, not two.
     mac, windows = unicodedata.normalize("NFD", "Nghỉ phép.md"), "Nghỉ phép.md"
     first, _ = save_uploads([Upload(mac, b"# A\n\nold")], tmp_path / "uploads")
     second, _ = save_uploads([Upload(windows, b"# A\n\nnew")], tmp_path / "uploads")
     assert first == second and first[0].name == windows and first[0].read_bytes() == b"# A\n\nnew"
     assert sorted(p.name for p in (tmp_path / "uploads").iterdir()) == sorted(["evil.md", windows, "notes.md"])
+
+
+def test_word_and_opendocument_files_are_ingested_with_their_headings(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    from .test_extract import make_docx, make_odt
+
+    def word(document: Any) -> None:
+        document.add_heading("Travel", 1)
+        document.add_paragraph("Book trains at least a week ahead.")
+        document.add_heading("Per diem", 2)
+        document.add_paragraph("The daily allowance is 40 euros.")
+
+    def writer(document: Any) -> None:
+        from odf import text
+
+        document.text.addElement(text.H(outlinelevel=1, text="Nghỉ phép"))
+        document.text.addElement(text.P(text="Mỗi năm có 12 ngày nghỉ phép."))
+
+    root = tmp_path / "office"
+    write(root, "travel.docx", make_docx(word))
+    write(root, "nghi-phep.odt", make_odt(writer))
+    write(root, "old.doc", b"\xd0\xcf\x11\xe0 a Word 97 file")  # not a supported type: skipped by the walk
+    embedder = FakeEmbedder()
+    first = ingest(conn, [root], settings=settings, embedder=embedder)
+    assert first.count("ok") == 2
+    assert statuses(conn, settings) == {"travel.docx": "ok", "nghi-phep.odt": "ok"}
+    sections = {}
+    for row in store.document_rows(conn):
+        for chunk in store.chunk_rows(conn, row["id"]):
+            assert row["canonical_text"][chunk["char_from"] : chunk["char_to"]] == chunk["content"]
+            sections[chunk["content"].strip().splitlines()[-1]] = chunk["section"]
+    assert "Per diem" in sections["The daily allowance is 40 euros."]
+    assert "Nghỉ phép" in sections["Mỗi năm có 12 ngày nghỉ phép."]
+    assert ingest(conn, [root], settings=settings, embedder=embedder).count("unchanged") == 2

@@ -214,14 +214,14 @@ def test_documents_page_indexes_uploads_and_refuses_unsupported_types(guide_db: 
     at = run_page("pages/documents.py")
     at.file_uploader[0].set_value([
         ("vpn.md", b"# VPN\n\nThe VPN gateway is vpn-gw-7 and it needs the token app.\n", "text/markdown"),
-        ("report.docx", b"PK\x03\x04", "application/octet-stream"),
+        ("report.doc", b"\xd0\xcf\x11\xe0", "application/msword"),
     ]).run()
     at.button[0].click().run()
     assert not at.exception, [e.value for e in at.exception]
     shown = texts(at)
     assert "1 indexed" in shown
-    assert "Not indexed: report.docx: unsupported file type '.docx'" in shown
-    assert (data_dir / "uploads" / "vpn.md").is_file() and not (data_dir / "uploads" / "report.docx").exists()
+    assert "Not indexed: report.doc: unsupported file type '.doc'" in shown
+    assert (data_dir / "uploads" / "vpn.md").is_file() and not (data_dir / "uploads" / "report.doc").exists()
     assert "vpn.md" in list(at.dataframe[0].value["document"])
     assert not at.file_uploader[0].value  # emptied: the next click must not index the same files again
     assert at.button[0].disabled
