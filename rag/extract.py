@@ -457,8 +457,9 @@ def extract_odt(path: Path, data: bytes) -> Extracted:
     from xml.sax import SAXException
 
     from odf import dc, teletype
-    from odf.namespaces import OFFICENS, TABLENS, TEXTNS
+    from odf.namespaces import OFFICENS, STYLENS, SVGNS, TABLENS, TEXTNS
     from odf.opendocument import load
+    from odf.style import Style
 
     _office_package(data, ".odt")
     try:
@@ -479,7 +480,28 @@ def extract_odt(path: Path, data: bytes) -> Extracted:
                               ".odt text documents are read (save spreadsheets and slides as PDF)")
     skipped = {(TEXTNS, name) for name in ("note", "tracked-changes", "table-of-content", "alphabetical-index",
                                            "illustration-index", "table-index", "object-index", "user-index",
-                                           "bibliography", "sequence-decls")} | {(OFFICENS, "annotation")}
+                                           "bibliography", "sequence-decls")}
+    skipped |= {(OFFICENS, "annotation"), (SVGNS, "title"), (SVGNS, "desc")}  # comments; an image's alt text
+    parents: dict[str, tuple[str, int | None]] = {}  # style name -> (parent style, heading level it sets)
+    for family in (document.styles, document.automaticstyles):
+        for style in family.getElementsByType(Style):
+            name = str(style.getAttrNS(STYLENS, "name") or "")
+            shown = str(style.getAttrNS(STYLENS, "display-name") or name.replace("_20_", " ")).casefold()
+            heading = re.fullmatch(r"heading\s*([1-9])", shown)
+            outline = str(style.getAttrNS(STYLENS, "default-outline-level") or "")
+            level = (int(outline) if outline.isdigit() else int(heading.group(1)) if heading
+                     else 1 if shown == "title" else None)
+            parents[name] = (str(style.getAttrNS(STYLENS, "parent-style-name") or ""), level)
+
+    def style_level(name: str) -> int | None:
+        """The heading level a paragraph style sets, through its parents: LibreOffice writes a heading
+        converted from HTML or Word as a paragraph styled "Heading 1", not always as a text:h."""
+        for _ in range(len(parents)):  # a chain of parents, however (mis)formed, ends
+            parent, level = parents.get(name, ("", None))
+            if level is not None or not parent:
+                return level
+            name = parent
+        return None
 
     def text_of(element: Any) -> str:
         parts: list[str] = []
@@ -522,14 +544,15 @@ def extract_odt(path: Path, data: bytes) -> Extracted:
         for child in node.childNodes:
             if child.nodeType != child.ELEMENT_NODE or child.qname in skipped:
                 continue
-            if child.qname == (TEXTNS, "h"):
+            if child.qname in ((TEXTNS, "h"), (TEXTNS, "p")):
                 text = text_of(child)
-                level = min(int(child.getAttrNS(TEXTNS, "outline-level") or 1), 6)
-                if text:
-                    lines.extend(["", "#" * level + " " + text.replace("\n", " "), ""])
-            elif child.qname == (TEXTNS, "p"):
-                text = text_of(child)
-                if text:
+                if child.qname == (TEXTNS, "h"):
+                    level: int | None = int(child.getAttrNS(TEXTNS, "outline-level") or 1)
+                else:  # a list item styled as a heading is still a list item
+                    level = None if in_list else style_level(str(child.getAttrNS(TEXTNS, "style-name") or ""))
+                if text and level is not None:
+                    lines.extend(["", "#" * min(level, 6) + " " + text.replace("\n", " "), ""])
+                elif text:
                     lines.extend([f"- {text}"] if in_list else ["", text, ""])
             elif child.qname == (TABLENS, "table"):
                 lines.extend(_table_lines(table_rows(child)))

@@ -258,7 +258,7 @@ def make_odt(build: Any) -> bytes:
 
 
 def test_odt_becomes_markdown_like_blocks() -> None:
-    from odf import dc, table, text
+    from odf import dc, draw, style, svg, table, text
 
     def build(document: Any) -> None:
         document.meta.addElement(dc.Title(text="Hướng dẫn"))
@@ -292,11 +292,22 @@ def test_odt_becomes_markdown_like_blocks() -> None:
             grid.addElement(line)
         document.text.addElement(grid)
         document.text.addElement(text.H(outlinelevel=2, text="Phần hai"))
+        # What LibreOffice writes for an HTML or Word heading: a paragraph in a "Heading N" style (here
+        # through an automatic style based on it), with no outline level of its own.
+        document.styles.addElement(style.Style(name="Heading_20_3", displayname="Heading 3", family="paragraph"))
+        document.automaticstyles.addElement(style.Style(name="P1", parentstylename="Heading_20_3",
+                                                        family="paragraph"))
+        document.text.addElement(text.P(stylename="P1", text="Mục ba"))
+        icon = text.P(text="Chú ý ")
+        frame = draw.Frame(name="Image1", anchortype="as-char")
+        frame.addElement(svg.Title(text="Biểu tượng Ghi chú"))  # an image's alt text: not the page's words
+        icon.addElement(frame)
+        document.text.addElement(icon)
 
     doc = extract(Path("huong-dan.odt"), make_odt(build))
     assert (doc.title, doc.extractor) == ("Hướng dẫn", "odt")
     assert doc.text == ("# Nghỉ phép\n\nMỗi nhân viên có 12 ngày.\nDòng hai.\n\n- một\n- hai\n\n"
-                        "| A | B |\n| --- | --- |\n| 1 | 2 |\n\n## Phần hai\n")
+                        "| A | B |\n| --- | --- |\n| 1 | 2 |\n\n## Phần hai\n\n### Mục ba\n\nChú ý\n")
 
 
 @pytest.mark.parametrize(
