@@ -111,9 +111,13 @@ def apply_changes(text: str, changes: Sequence[tuple[str, str]]) -> str:
 
 def replace_tokens(text: str, changes: Sequence[tuple[str, str]]) -> str:
     """``text`` with each typed token replaced, in any case, where it stands whole: a run of
-    letters and digits, as ``decode_question`` reads it ("ma1y" in "ma1y," but not in "ma1y2")."""
+    letters and digits, as ``decode_question`` reads it ("ma1y" in "ma1y," but not in "ma1y2").
+    A token typed with a capital first letter keeps it ("Mays" -> "Máy")."""
     for typed, decoded in changes:
-        text = re.sub(rf"(?<![^\W_]){re.escape(typed)}(?![^\W_])", decoded, text, flags=re.IGNORECASE)
+        def cased(found: re.Match[str], decoded: str = decoded) -> str:
+            return decoded[:1].upper() + decoded[1:] if found.group(0)[:1].isupper() else decoded
+
+        text = re.sub(rf"(?<![^\W_]){re.escape(typed)}(?![^\W_])", cased, text, flags=re.IGNORECASE)
     return text
 
 

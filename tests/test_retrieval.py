@@ -1297,3 +1297,6 @@ def test_an_english_question_over_english_documents_is_never_decoded(
     for question in ("does the process class keys box ex", "how do I sign a commit with gpg",
                      "is the vacation box for ex employees"):
         assert retrieval.question_spelling(corpus, question, settings=settings).changes == ()
+    # the same corpus's Vietnamese page is found by a Telex question
+    spelled = retrieval.question_spelling(corpus, "looix vpn-403 xwr lys sao", settings=settings)
+    assert spelled.text == "lỗi vpn-403 xử lý sao"
