@@ -113,6 +113,11 @@ class Settings:
     # vocabulary before both branches search it (rag.spelling: a word no chunk holds and no English
     # dictionary knows, one edit from a word that a visible chunk holds). README "Quality".
     spell_correct: bool = True
+    # A question typed in Telex or VNI with the Vietnamese input method off ("mays in bij ketj",
+    # "ma1y in bi5 ke5t") is searched decoded, "máy in bị kẹt", in both branches (rag.keyboard,
+    # rag.spelling.decode_question: only words no chunk holds as typed, into words a visible chunk
+    # holds; English questions are left alone). README "Vietnamese".
+    decode_telex: bool = True
     # Window vectors (issue 16): a chunk longer than window_chars characters also gets one vector per
     # window of whole sentences (header + at most window_chars characters; 0: none, the pipeline as
     # before). The dense branch rescores its candidates: a chunk's cosine similarity s becomes

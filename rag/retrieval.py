@@ -696,22 +696,26 @@ def question_spelling(
     for a collection that does not exist: ``search`` itself says so)."""
     text = check_query(query)
     coll = store.get_collection(conn, collection or settings.collection)
-    if not settings.spell_correct or coll is None:
+    if not (settings.spell_correct or settings.decode_telex) or coll is None:
         return spelling.Spelling(text)
-    return mend_spelling(conn, text, collection_id=coll.id, access_keys=store.visible_access_keys(conn, groups))
+    return mend_spelling(conn, text, collection_id=coll.id, access_keys=store.visible_access_keys(conn, groups),
+                         english=settings.spell_correct, telex=settings.decode_telex)
 
 
 def mend_spelling(
-    conn: store.Connection, text: str, *, collection_id: int, access_keys: Sequence[int],
+    conn: store.Connection, text: str, *, collection_id: int, access_keys: Sequence[int], english: bool = True,
+    telex: bool = True,
 ) -> spelling.Spelling:
     """``rag.spelling.mend_question`` over the database's vocabulary: a candidate is taken only when
     a chunk of this collection that the reader may see holds it (the vocabulary counts every chunk
-    of every collection, so an unchecked correction could reveal a word of a restricted document)."""
+    of every collection, so an unchecked correction could reveal a word of a restricted document).
+    ``english`` mends misspelt English words (``spell_correct``), ``telex`` decodes a question typed
+    in Telex or VNI (``decode_telex``)."""
     def visible(word: str) -> bool:
         return bool(search_fts(conn, quote_fts(fold(word)), collection_id=collection_id,
                                access_keys=access_keys, k=1))
 
-    return spelling.mend_question(text, functools.partial(term_docs, conn), visible)
+    return spelling.mend_question(text, functools.partial(term_docs, conn), visible, english=english, telex=telex)
 
 
 def rank_features(
@@ -1090,8 +1094,9 @@ def search(
     coll = store.require_collection(conn, collection or settings.collection)
     store.check_embedder(coll, embedder.model_id, embedder.dimension)
     access_keys = store.visible_access_keys(conn, groups)
-    if settings.spell_correct:
-        text = mend_spelling(conn, text, collection_id=coll.id, access_keys=access_keys).text
+    if settings.spell_correct or settings.decode_telex:
+        text = mend_spelling(conn, text, collection_id=coll.id, access_keys=access_keys,
+                             english=settings.spell_correct, telex=settings.decode_telex).text
     wanted = max(k, settings.rerank_depth) if stage == "rerank" else k
     rank_model = ranker.load_rank_model(settings.rank_model) if stage in ("hybrid", "rerank") else None
     if rank_model is not None:  # the learned order reads its whole depth of fused hits

@@ -24,6 +24,22 @@ these hold, so a correct word is never rewritten:
 
 pyspellchecker is used for its English word list and its edit generator; the choice among the
 candidates is ours because the vocabulary that decides is the collection's, not English at large.
+
+Vietnamese typed with the input method switched off ("mays in bij ketj", VNI "ma1y in bi5 ke5t")
+is searched decoded, "máy in bị kẹt", before any English mend (``decode_question``): each word is
+decoded by ``rag.keyboard`` into one well-formed syllable or left as typed, and the question is
+decoded as a whole only when
+
+- a decoded word is one that no chunk holds as typed, whose decoded form a chunk the reader may
+  see holds (``accept``), and that is no English word ("box", "ex", "does" never decide it);
+- such words outnumber the question's other words that may be English (typed in ASCII, no
+  stopword or number, and an English word or neither a Vietnamese syllable nor one typed in Telex
+  or VNI): "cachs caif vpn treen laptop", three to two, is decoded, "how do I configure aws des
+  credentials", one to two, is not; or the question so decoded, its tones folded, reads as
+  Vietnamese (``rag.text.detect_language``: "lam sao de doi mat khaaur", typed mostly without tones).
+
+Then every such word is decoded, an English one too ("mays" -> "máy" beside "bij" -> "bị"); a word
+the documents use as typed and a word that spells no syllable ("vpn", "wifi") stay as typed.
 """
 
 from __future__ import annotations
@@ -34,10 +50,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag.text import fold, is_stopword, nfc, query_language
+from rag.keyboard import decode_word, split_syllable
+from rag.text import ENGLISH_STOPWORDS, detect_language, fold, is_stopword, nfc, query_language
 
 MIN_LENGTH = 5  # letters; shorter words have too many neighbours one edit away
 _LETTERS = re.compile(r"[^\W\d_]+")
+_TOKENS = re.compile(r"[^\W_]+")  # letters and digits, as the FTS5 index splits words ("ma1y" is one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +109,62 @@ def apply_changes(text: str, changes: Sequence[tuple[str, str]]) -> str:
     return text
 
 
+def replace_tokens(text: str, changes: Sequence[tuple[str, str]]) -> str:
+    """``text`` with each typed token replaced, in any case, where it stands whole: a run of
+    letters and digits, as ``decode_question`` reads it ("ma1y" in "ma1y," but not in "ma1y2").
+    A token typed with a capital first letter keeps it ("Mays" -> "Máy")."""
+    for typed, decoded in changes:
+        def cased(found: re.Match[str], decoded: str = decoded) -> str:
+            return decoded[:1].upper() + decoded[1:] if found.group(0)[:1].isupper() else decoded
+
+        text = re.sub(rf"(?<![^\W_]){re.escape(typed)}(?![^\W_])", cased, text, flags=re.IGNORECASE)
+    return text
+
+
+def decode_question(
+    text: str,
+    doc_freq: Callable[[Sequence[str]], Mapping[str, int]],
+    accept: Callable[[str], bool] | None = None,
+) -> Spelling:
+    """``text`` with its Telex or VNI words decoded when the question is one typed so (the module
+    docstring says when); ``changes`` holds the ``(typed, decoded)`` pairs, empty when it is not.
+
+    Args:
+        text: the question, as ``rag.retrieval.check_query`` returns it.
+        doc_freq: how many chunks hold each of the given folded words (absent: none).
+        accept: may refuse a decoded word (e.g. one that no chunk the reader may see holds).
+    """
+    tokens = list(dict.fromkeys(_TOKENS.findall(nfc(text).casefold())))
+    decoded = {t: decode_word(t) for t in tokens if t.isascii()}
+    # an English stopword is never a keystroke leftover ("is", "as", "or" would be í, á, ỏ)
+    typed = {t: d for t, d in decoded.items() if d is not None and d != t and t not in ENGLISH_STOPWORDS}
+    if not typed:
+        return Spelling(text)
+    held = doc_freq(sorted({fold(t) for t in typed} | {fold(d) for d in typed.values()}))
+    good = [t for t, d in typed.items()
+            if held.get(fold(t), 0) == 0 and held.get(fold(d), 0) > 0 and (accept is None or accept(d))]
+    deciding = [t for t in good if not is_english_word(t)]
+    # the question's other words that may be English: typed in ASCII, no stopword or number, and
+    # an English word or neither a Vietnamese syllable nor one typed in Telex or VNI ("vpn",
+    # "laptop"; not "sao", "mat", nor "thuwowngr" that no chunk the reader may see holds)
+    others = [t for t in tokens if t not in good and t.isascii() and not t.isdigit() and not is_stopword(t)
+              and (is_english_word(t) or (split_syllable(t) is None and t not in typed))]
+    if not deciding:
+        return Spelling(text)
+    changes = tuple((t, typed[t]) for t in good)
+    decoded_text = replace_tokens(text, changes)
+    if len(good) <= len(others) and detect_language(fold(decoded_text)) != "vi":
+        return Spelling(text)
+    return Spelling(decoded_text, changes)
+
+
 def mend_question(
     text: str,
     doc_freq: Callable[[Sequence[str]], Mapping[str, int]],
     accept: Callable[[str], bool] | None = None,
+    *,
+    english: bool = True,
+    telex: bool = True,
 ) -> Spelling:
     """``text`` with its misspelt words mended (the module docstring says which words and how).
 
@@ -102,10 +172,18 @@ def mend_question(
         text: the question, as ``rag.retrieval.check_query`` returns it.
         doc_freq: how many chunks hold each of the given folded words (absent: none).
         accept: may refuse a candidate (e.g. one that no chunk the reader may see holds).
+        english: mend misspelt English words.
+        telex: decode a question typed in Telex or VNI with the input method off (``decode_question``).
 
     Returns:
         The question as it should be searched; ``changes`` is empty when nothing was mended.
     """
+    if telex:
+        typed = decode_question(text, doc_freq, accept)
+        if typed.changes:
+            return typed
+    if not english:
+        return Spelling(text)
     suspects = suspect_words(text)
     if not suspects:
         return Spelling(text)

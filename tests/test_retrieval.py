@@ -1239,3 +1239,64 @@ def test_the_coverage_bar_drops_to_the_best_hit_only_when_asked(corpus: store.Co
     rows = retrieval.hit_rows(corpus, [cid for cid, _ in best], collection_id=coll.id, access_keys=keys)
     assert best and all("vacation" in fold(rows[cid]["content"]) for cid, _ in best)
     assert retrieval.covered_fts_hits(corpus, sparse, list(idf), 0.2, idf, floor_to_best=True) == sparse
+
+
+# ---------------------------------------------------------------------------------------------
+# Vietnamese typed in Telex or VNI with the input method off (rag.keyboard, rag.spelling.decode_question)
+
+VI_CORPUS = {
+    "it/printer.md": ("---\ntitle: Máy in\n---\n## Kẹt giấy\n\nMáy in bị kẹt giấy: mở nắp sau, rút tờ giấy ra "
+                      "rồi bật lại máy.\n\n## Mực in\n\nHết mực thì thay hộp mực mới.\n"),
+    "it/leave.md": "---\ntitle: Nghỉ phép\n---\n## Số ngày\n\nMỗi năm nhân viên được mười hai ngày nghỉ phép.\n",
+    "hr/salary.md": ("---\ntitle: Lương\ngroups: [hr]\n---\n## Thưởng\n\nKhoản thưởng cuối năm bằng một tháng "
+                     "lương.\n"),
+}
+
+
+@pytest.fixture
+def vi_corpus(conn: store.Connection, settings: Settings, fake_embedder: FakeEmbedder, tmp_path: Path
+              ) -> store.Connection:
+    report = ingest(conn, [write_corpus(tmp_path / "vi", VI_CORPUS)], settings=settings, embedder=fake_embedder)
+    assert not report.failed
+    return conn
+
+
+@pytest.mark.parametrize("stage", ["fts", "dense", "hybrid"])
+@pytest.mark.parametrize("typed", ["mays in bij ketj giaays", "ma1y in bi5 ke5t gia6y1", "may1 in bi5 ket5 giay61"])
+def test_a_telex_or_vni_question_is_searched_as_the_toned_one(
+    vi_corpus: store.Connection, settings: Settings, stage: str, typed: str
+) -> None:
+    toned = RecordingEmbedder()
+    expected = search(vi_corpus, "máy in bị kẹt giấy", embedder=toned, settings=settings, stage=stage)
+    embedder = RecordingEmbedder()
+    hits = search(vi_corpus, typed, embedder=embedder, settings=settings, stage=stage)
+    assert hits and hits[0].source.endswith("printer.md")
+    assert [h.chunk_id for h in hits] == [h.chunk_id for h in expected]
+    assert embedder.queries == toned.queries  # the dense branch embeds the toned question
+    spelled = retrieval.question_spelling(vi_corpus, typed, settings=settings)
+    assert spelled.text == "máy in bị kẹt giấy" and retrieval.query_language(spelled.text) == "vi"
+    off = search(vi_corpus, typed, embedder=RecordingEmbedder(), settings=settings.replace(decode_telex=False),
+                 stage="fts")
+    assert not off or [h.chunk_id for h in off] != [h.chunk_id for h in expected]
+
+
+def test_a_decoded_word_comes_only_from_documents_the_reader_may_see(
+    vi_corpus: store.Connection, settings: Settings
+) -> None:
+    typed = "khoanr thuwowngr cuoois nawm"  # "thưởng" and "khoản" are only in hr/salary.md
+    public = retrieval.question_spelling(vi_corpus, typed, settings=settings)
+    assert "thưởng" not in public.text and "khoản" not in public.text
+    assert ("nawm", "năm") in public.changes  # "năm" is in a public document too
+    hr = retrieval.question_spelling(vi_corpus, typed, settings=settings, groups=["hr"])
+    assert hr.text == "khoản thưởng cuối năm"
+
+
+def test_an_english_question_over_english_documents_is_never_decoded(
+    corpus: store.Connection, settings: Settings
+) -> None:
+    for question in ("does the process class keys box ex", "how do I sign a commit with gpg",
+                     "is the vacation box for ex employees"):
+        assert retrieval.question_spelling(corpus, question, settings=settings).changes == ()
+    # the same corpus's Vietnamese page is found by a Telex question
+    spelled = retrieval.question_spelling(corpus, "looix vpn-403 xwr lys sao", settings=settings)
+    assert spelled.text == "lỗi vpn-403 xử lý sao"

@@ -2,7 +2,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rag.spelling import Spelling, apply_changes, choose_correction, mend_question, one_edit_away, suspect_words
+from rag.spelling import (
+    Spelling,
+    apply_changes,
+    choose_correction,
+    mend_question,
+    one_edit_away,
+    replace_tokens,
+    suspect_words,
+)
 
 
 def table(counts: Mapping[str, int]):  # type: ignore[no-untyped-def]
@@ -94,3 +102,49 @@ def test_a_mend_is_an_english_word_with_the_same_first_letter() -> None:
     assert mend_question("shelve doesnt persist", table(vocab)) == Spelling("shelve doesnt persist")
     assert mend_question("zstandard default level", table(vocab)) == Spelling("zstandard default level")
     assert mend_question("is that posible", table(vocab)).changes == (("posible", "possible"),)
+
+
+# Telex / VNI typed with the input method off (rag.keyboard, decode_question)
+
+VI_VOCAB = {"may": 9, "in": 7, "bi": 5, "ket": 3, "nghi": 4, "phep": 4, "cach": 6, "cai": 5, "vpn": 2, "tren": 8,
+            "laptop": 1, "loi": 3, "mat": 2, "khau": 2, "box": 1}
+
+
+def test_a_telex_question_is_searched_decoded() -> None:
+    doc_freq = table(VI_VOCAB)
+    decoded = mend_question("Mays in bij ketj?", doc_freq)
+    assert decoded == Spelling("Máy in bị kẹt?", (("mays", "máy"), ("bij", "bị"), ("ketj", "kẹt")))
+    assert mend_question("ma1y in bi5 ke5t", table(VI_VOCAB)).text == "máy in bị kẹt"  # VNI
+    # "vpn" and "laptop" spell no syllable and stay as typed; three decoded words against two
+    assert mend_question("cachs caif vpn treen laptop", table(VI_VOCAB)).text == "cách cài vpn trên laptop"
+    # mostly typed without tones, one word in Telex: the decoded question reads as Vietnamese
+    assert mend_question("lam sao doi mat khaaur", table(VI_VOCAB)).changes == (("khaaur", "khẩu"),)
+
+
+def test_english_questions_and_words_the_documents_use_stay_as_typed() -> None:
+    for question in ("does the process class keys box ex", "how do I configure aws des credentials",
+                     "how do I set up ast on the mac", "is the box in ex stock"):
+        assert mend_question(question, table({**VI_VOCAB, "a": 9, "de": 2, "at": 5, "e": 1, "bo": 2})) == Spelling(
+            question), question
+    # a chunk holds "bij" as typed: it is a word of the documents, not a keystroke leftover
+    assert mend_question("mays in bij ketj", table({**VI_VOCAB, "bij": 1})).changes == (
+        ("mays", "máy"), ("ketj", "kẹt"))
+    # only an English word could be decoded ("mays"): nothing decides that the question is Telex
+    assert mend_question("mays", table(VI_VOCAB)) == Spelling("mays")
+
+
+def test_decoding_asks_accept_and_can_be_turned_off() -> None:
+    seen: list[str] = []
+
+    def hidden_ket(word: str) -> bool:
+        seen.append(word)
+        return word != "kẹt"
+
+    assert mend_question("mays in bij ketj", table(VI_VOCAB), hidden_ket).changes == (("mays", "máy"), ("bij", "bị"))
+    assert seen == ["máy", "bị", "kẹt"]
+    assert mend_question("mays in bij ketj", table(VI_VOCAB), telex=False) == Spelling("mays in bij ketj")
+    assert mend_question("laptop pasword", table({"password": 3, "laptop": 1}), english=False).changes == ()
+
+
+def test_replace_tokens_replaces_whole_runs_of_letters_and_digits() -> None:
+    assert replace_tokens("Ma1y, ma1y2 ma1y_x MA1Y", [("ma1y", "máy")]) == "Máy, ma1y2 máy_x Máy"
