@@ -170,6 +170,7 @@ def _ask_stream(
     resources: Resources,
 ) -> Iterator[str | Retrieved | Answer]:
     timings: dict[str, float] = {}
+    asked_language = language
     language = language or detect_language(question)
     coll = store.get_collection(conn, collection)
     if embedder is None:
@@ -203,6 +204,13 @@ def _ask_stream(
     threshold = gate.gate_threshold(settings, coll)
     kept, dropped = gate.apply_gate(hits, threshold, settings.max_sources)
     timings["gate"] = _ms(clock)
+    spelled = question_spelling(conn, question, settings=settings, groups=tuple(groups), collection=collection)
+    # Typed in Telex or VNI with the input method off, the decoded question is what was asked: the
+    # answer is in its language, and the decision, the quote and the model read it, not the keystrokes
+    # ("mays in bij ketj" reads as English with no word a passage holds). The answer keeps the typed one.
+    understood = spelled.text if spelled.keyboard else question
+    if spelled.keyboard:
+        language = asked_language or detect_language(understood)
     trace: dict[str, Any] = {
         "threshold": threshold,
         "max_sources": settings.max_sources,
@@ -210,7 +218,6 @@ def _ask_stream(
         "stage": "rerank" if reranking else "hybrid",
         "language": language,
     }
-    spelled = question_spelling(conn, question, settings=settings, groups=tuple(groups), collection=collection)
     if spelled.changes:
         trace["spelling"] = [list(change) for change in spelled.changes]  # searched mended (rag.spelling)
     translated = translator.translated(spelled.text) if translator is not None else None
@@ -220,7 +227,7 @@ def _ask_stream(
     policy = collection_policy(conn, collection, settings, generate=generate)
     signals: decide.Signals | None = None
     if kept and policy is not None:
-        signals = decision_signals(conn, question, kept, threshold)
+        signals = decision_signals(conn, understood, kept, threshold)
         p_before = policy.before.probability(decide.retrieval_only(signals))
         trace["decision"] = {"source": policy.source, "before": round(p_before, 4),
                              "before_threshold": policy.before.threshold}
@@ -245,7 +252,7 @@ def _ask_stream(
 
     if not generate:
         clock = time.perf_counter()
-        quote = extractive(question, kept, embedder=embedder, language=language, why="off")
+        quote = extractive(understood, kept, embedder=embedder, language=language, why="off")
         timings["verify"] = _ms(clock)
         timings["total"] = _ms(started)
         yield _after_decision(dataclasses.replace(
@@ -259,9 +266,9 @@ def _ask_stream(
     # measures with the decision off, and its rows must carry the signal the policy will read.
     examiner = _examiner(settings, resources)
     model = language_model()
-    generation = start_generation(model, question, kept, settings=settings, language=language)
+    generation = start_generation(model, understood, kept, settings=settings, language=language)
     if settings.answer_retry:  # the guard reuses the decision's signals, else reads the keywords' IDF once
-        generation.no_retry = no_second_attempt(conn, question, kept, signals)
+        generation.no_retry = no_second_attempt(conn, understood, kept, signals)
     for item in answer_stream(model, generation, settings=settings, embedder=embedder, started=started):
         if not isinstance(item, Answer):
             yield item
@@ -270,7 +277,7 @@ def _ask_stream(
         item = _examined(dataclasses.replace(item, dropped=dropped, trace={**trace, **item.trace}), examiner, timings)
         timings["total"] = _ms(started)
         yield _after_decision(dataclasses.replace(
-            item, timings_ms={key: timings[key] for key in TIMING_ORDER if key in timings},
+            item, question=question, timings_ms={key: timings[key] for key in TIMING_ORDER if key in timings},
         ), policy, signals)
 
 

@@ -64,6 +64,9 @@ class Spelling:
 
     text: str
     changes: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    # decoded from Telex or VNI keystrokes (``decode_question``): ``text`` is what was asked, where the
+    # typed question is no words at all ("mays in bij ketj"), not a question with a typo in it
+    keyboard: bool = False
 
 
 @functools.cache
@@ -155,7 +158,7 @@ def decode_question(
     decoded_text = replace_tokens(text, changes)
     if len(good) <= len(others) and detect_language(fold(decoded_text)) != "vi":
         return Spelling(text)
-    return Spelling(decoded_text, changes)
+    return Spelling(decoded_text, changes, keyboard=True)
 
 
 def mend_question(

@@ -488,3 +488,29 @@ def test_an_english_question_over_vietnamese_documents_is_searched_translated_to
     off.prompt_style = "instruct"
     run(conn, settings.replace(translate_questions=False), question, off)
     assert not any("Translate the user's question" in p for p in off.prompts)
+
+
+def test_a_question_typed_in_telex_is_answered_as_the_vietnamese_it_spells(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    folder = tmp_path / "vi"
+    folder.mkdir()
+    (folder / "may-in.md").write_text("# Máy in\n\n## Kẹt giấy\n\nKhi máy in bị kẹt giấy, hãy mở nắp sau và kéo "
+                                      "tờ giấy ra từ từ.\n", encoding="utf-8")
+    ingest(conn, [folder], settings=settings, embedder=FakeEmbedder())
+    settings = settings.replace(max_distance=2.0)  # the fake embedder's distances say nothing here
+    typed = "mays in bij ketj giaays thif lamf sao"
+    llm = FakeLLM("Theo [1], hãy mở nắp sau và kéo tờ giấy ra từ từ.")
+    llm.prompt_style = "instruct"
+    answer = run(conn, settings, typed, llm)
+    # the answer speaks the question's language, and the model read the question, not the keystrokes
+    assert answer.language == "vi" and answer.question == typed
+    # ("thif lamf" stay as typed: no passage holds "thì" or "làm", so nothing says they are Vietnamese)
+    assert any("máy in bị kẹt giấy thif lamf sao" in prompt for prompt in llm.prompts)
+    assert not any("mays in bij" in prompt for prompt in llm.prompts)
+    assert ["mays", "máy"] in answer.trace["spelling"] and answer.status == "answered"
+    # and a refusal too is in Vietnamese
+    refused = run(conn, settings.replace(max_distance=0.0001), typed, FailingLLM())
+    assert refused.status == "no_answer" and refused.language == "vi" and "ngưỡng" in refused.message
+    # with the decoding off, the keystrokes are an English question
+    assert run(conn, settings.replace(decode_telex=False, max_distance=0.0001), typed, FailingLLM()).language == "en"

@@ -113,7 +113,7 @@ VI_VOCAB = {"may": 9, "in": 7, "bi": 5, "ket": 3, "nghi": 4, "phep": 4, "cach": 
 def test_a_telex_question_is_searched_decoded() -> None:
     doc_freq = table(VI_VOCAB)
     decoded = mend_question("Mays in bij ketj?", doc_freq)
-    assert decoded == Spelling("Máy in bị kẹt?", (("mays", "máy"), ("bij", "bị"), ("ketj", "kẹt")))
+    assert decoded == Spelling("Máy in bị kẹt?", (("mays", "máy"), ("bij", "bị"), ("ketj", "kẹt")), keyboard=True)
     assert mend_question("ma1y in bi5 ke5t", table(VI_VOCAB)).text == "máy in bị kẹt"  # VNI
     # "vpn" and "laptop" spell no syllable and stay as typed; three decoded words against two
     assert mend_question("cachs caif vpn treen laptop", table(VI_VOCAB)).text == "cách cài vpn trên laptop"
