@@ -340,13 +340,36 @@ def _table_lines(rows: list[list[str]]) -> list[str]:
 _CFB_MAGIC = b"\xd0\xcf\x11\xe0"  # an OLE compound file: Word 97-2003, or an encrypted OOXML/ODF package
 
 
+# What an Office package may unpack to. Both readers hold every part in memory (python-docx reads
+# them all, odfpy its XML) and parse the XML into a tree of ~10x its size, so a small file that
+# unpacks to gigabytes (a "zip bomb", or a runaway generated document) would take the whole machine
+# down with it instead of failing alone. 1 GiB of parts or 200 MiB of XML is far beyond any real
+# document (a 600-page Word manual holds ~5-10 MB of XML).
+MAX_UNPACKED = 1 << 30
+MAX_UNPACKED_XML = 200 << 20
+
+
 def _office_package(data: bytes, kind: str) -> None:
-    """Refuse, with what to do, what is not an unencrypted Office Open XML / OpenDocument zip."""
+    """Refuse, with what to do, what is not an unencrypted Office Open XML / OpenDocument zip, or
+    what would unpack to more than ``MAX_UNPACKED`` (``MAX_UNPACKED_XML`` of XML)."""
+    import zipfile
+
     if data.startswith(_CFB_MAGIC):
         raise ExtractionError(f"not a {kind} package: a password-protected document, or an older binary format "
                               f"(Word 97-2003 .doc) renamed; save it as {kind} without a password")
     if not data.startswith(b"PK"):
         raise ExtractionError(f"not a {kind} file (it is not a zip package); save it as {kind} again")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as package:
+            parts = package.infolist()
+    except zipfile.BadZipFile as e:
+        raise ExtractionError(f"corrupt or unreadable {kind} package: {e}") from e
+    unpacked = sum(part.file_size for part in parts)
+    xml = sum(part.file_size for part in parts if part.filename.endswith((".xml", ".rels")))
+    if unpacked > MAX_UNPACKED or xml > MAX_UNPACKED_XML:
+        raise ExtractionError(f"the {kind} package unpacks to {unpacked / 2**20:,.0f} MB ({xml / 2**20:,.0f} MB "
+                              f"of XML) from {len(data) / 2**20:,.1f} MB: more than a document may take "
+                              f"({MAX_UNPACKED >> 20:,} MB, {MAX_UNPACKED_XML >> 20} MB of XML)")
 
 
 # python-docx reads the package (styles, parts); the body is walked here, not through

@@ -315,7 +315,7 @@ def test_odt_becomes_markdown_like_blocks() -> None:
     [
         ("old.docx", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 512, "password-protected document, or an older"),
         ("notes.docx", b"just text\n", "not a .docx file"),
-        ("cut.docx", "truncated docx", "corrupt or unreadable Word document"),
+        ("cut.docx", "truncated docx", "corrupt or unreadable .docx package: File is not a zip file"),
         ("sheet.docx", "odt as docx", "not a Word .docx package"),
         ("notes.odt", b"just text\n", "not a .odt file"),
         ("sheet.odt", "spreadsheet", "not a text document"),
@@ -351,4 +351,23 @@ def test_broken_office_documents_raise_a_clear_reason(name: str, data: bytes | s
         data = out.getvalue()
     assert isinstance(data, bytes)
     with pytest.raises(ExtractionError, match=reason):
+        extract(Path(name), data)
+
+
+@pytest.mark.parametrize(("name", "part"), [("bomb.docx", "word/document.xml"), ("bomb.odt", "content.xml")])
+def test_an_office_package_that_unpacks_to_gigabytes_fails_alone(
+    name: str, part: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zipfile
+
+    from rag import extract as extract_module
+
+    # A zip bomb in miniature: the limits lowered, a part of zeros that deflates ~1000 to 1.
+    monkeypatch.setattr(extract_module, "MAX_UNPACKED_XML", 1 << 20)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as package:
+        package.writestr(part, b"<x>" + b"0" * (2 << 20) + b"</x>")
+    data = out.getvalue()
+    assert len(data) < 10_000
+    with pytest.raises(ExtractionError, match=r"unpacks to 2 MB \(2 MB of XML\) from 0\.0 MB: more than a document"):
         extract(Path(name), data)
