@@ -343,8 +343,9 @@ _CFB_MAGIC = b"\xd0\xcf\x11\xe0"  # an OLE compound file: Word 97-2003, or an en
 # What an Office package may unpack to. Both readers hold every part in memory (python-docx reads
 # them all, odfpy its XML) and parse the XML into a tree of ~10x its size, so a small file that
 # unpacks to gigabytes (a "zip bomb", or a runaway generated document) would take the whole machine
-# down with it instead of failing alone. 1 GiB of parts or 200 MiB of XML is far beyond any real
-# document (a 600-page Word manual holds ~5-10 MB of XML).
+# down with it instead of failing alone. 1 GiB of parts or 200 MiB of XML is far beyond a real
+# document: the 58 LibreOffice help pages saved as .docx (README, "Word and OpenDocument files")
+# hold 26-234 KB of XML each, median 45 KB.
 MAX_UNPACKED = 1 << 30
 MAX_UNPACKED_XML = 200 << 20
 
