@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rag import store
-from rag.errors import ExtensionLoadError, IndexMismatchError
+from rag.errors import ExtensionLoadError, IndexMismatchError, StorageError
 from rag.records import Chunk
 
 from .conftest import SQLITE_ONLY, database_error, migration_named, vector_access_keys
@@ -101,6 +101,23 @@ def test_migrate_stop_before_leaves_later_migrations_pending(db_path: Path) -> N
     store.migrate(conn, stop_before=names[1])
     assert store.applied_migrations(conn) == names[:1]
     assert [m.name for m in store.pending_migrations(conn)] == names[1:]
+
+
+def test_a_database_upgraded_by_a_newer_version_is_refused_and_left_as_it_was(db_path: Path | str) -> None:
+    # A user who goes back to this version after a newer one migrated the database: writing to it
+    # would skip the newer schema's tables, so it is one clear error before anything is changed.
+    conn = store.open_db(db_path)
+    coll = store.create_collection(conn, "c", "fake", 8)
+    store.replace_document(conn, coll, _version("a.md", "one", ["all"]), _rows("one", [_unit(8, 1)]))
+    conn.execute("INSERT INTO _migrations (name) VALUES (?)", ("9999_from_a_newer_version",))
+    before = sorted(tuple(r) for r in conn.execute("SELECT name FROM _migrations"))
+    conn.close()
+    with pytest.raises(StorageError, match=r"newer version of rag-desk .*9999_from_a_newer_version.*nothing was"):
+        store.open_db(db_path)
+    conn = store.connect(db_path)
+    assert sorted(tuple(r) for r in conn.execute("SELECT name FROM _migrations")) == before
+    assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 1
+    conn.close()
 
 
 @SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
