@@ -206,6 +206,10 @@ def migrate(conn: Connection, stop_before: str | None = None) -> list[str]:
         if stop_before is not None and migration.name == stop_before:
             break
         with transaction(conn):
+            # Another process (the app and a command opening an older database at once) may have
+            # applied it while this one waited for the write lock: it was pending when listed.
+            if conn.execute(f"SELECT 1 FROM {MIGRATIONS_TABLE} WHERE name = ?", (migration.name,)).fetchone():
+                continue
             if migration.sql is not None:
                 for statement in _split_sql(migration.sql):
                     conn.execute(statement)

@@ -103,6 +103,22 @@ def test_migrate_stop_before_leaves_later_migrations_pending(db_path: Path) -> N
     assert [m.name for m in store.pending_migrations(conn)] == names[1:]
 
 
+@SQLITE_ONLY  # PostgreSQL's runner checks under its advisory lock (rag.pg.migrate)
+def test_a_migration_another_process_applied_while_this_one_waited_is_skipped(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes open an older database at once (the app and `rag status` after an upgrade):
+    # both list the same pending migrations, one applies them, the other takes the write lock after.
+    first, second = store.connect(db_path), store.connect(db_path)
+    listed = store.pending_migrations(second)
+    assert store.migrate(first) == [m.name for m in listed]
+    monkeypatch.setattr(store, "pending_migrations", lambda conn: listed)
+    assert store.migrate(second) == []  # was: "table meta already exists"
+    assert store.applied_migrations(second) == [m.name for m in store.all_migrations()]
+    first.close()
+    second.close()
+
+
 def test_a_database_upgraded_by_a_newer_version_is_refused_and_left_as_it_was(db_path: Path | str) -> None:
     # A user who goes back to this version after a newer one migrated the database: writing to it
     # would skip the newer schema's tables, so it is one clear error before anything is changed.
