@@ -442,3 +442,33 @@ def test_migration_nfc_sources_composes_the_names_older_versions_stored_decompos
     assert sources == {"Nghỉ phép.md", "Ghi chú.md", twin, "plain.md"}
     assert store.find_document(conn, coll.id, "Nghỉ phép.md") is not None
     conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# document_id_high_water: ids that chats of earlier versions cite are never given again
+
+
+@SQLITE_ONLY  # PostgreSQL's identity column never gives an id twice
+def test_migration_document_id_high_water_keeps_the_id_an_old_chat_cites_from_a_new_document(db_path: Path) -> None:
+    from rag import conversation
+    from rag.records import Answer, Citation, Hit
+
+    conn = store.open_db(db_path)
+    coll = store.create_collection(conn, "c", "fake", 8)
+    for source in ("a.md", "b.md", "c.md"):
+        store.replace_document(conn, coll, _version(source, "text", ["all"]), _rows("text", [_unit(8, 1)]))
+    cited = max(r["id"] for r in store.document_rows(conn))
+    hit = Hit(9, cited, "c.md", "C", "C", "text", 0, 4, None, 0.2)
+    answer = Answer("extractive", "q", "“text” [1]", citations=[Citation(1, 9, "C", "c.md", "C", "#char=0,4", 0, 4,
+                                                                        None, "text", 0.2)], hits=[hit])
+    conversation.save_turn(conn, collection="c", chat_id="old", question="q", searched="q", answer=answer,
+                           groups=["all"])
+    store.delete_document(conn, cited)
+    # The database as a version before the high-water mark left it, upgraded now.
+    conn.execute("DELETE FROM meta WHERE key = 'documents:last_id'")
+    conn.execute("DELETE FROM _migrations WHERE name LIKE '%_document_id_high_water'")
+    store.migrate(conn)
+    store.replace_document(conn, coll, _version("new.md", "text", ["all"]), _rows("text", [_unit(8, 2)]))
+    added = store.find_document(conn, coll.id, "new.md")["id"]
+    assert added > cited  # was == cited: the old answer's link (?document=ID) opened new.md
+    conn.close()
