@@ -179,8 +179,11 @@ def cmd_status(args: argparse.Namespace, resources: Resources) -> int:
         print(f"{d.status:7} {d.chunk_count:5} chunks  {one_line(d.collection)}/{one_line(d.source)}{flags}{error}")
     counts = {s: sum(d.status == s for d in infos) for s in ("ok", "failed", "pending")}
     stale = sum(d.stale for d in infos)
+    # After an upgrade every document may be stale: the count says what it means and what to run.
+    why = (" (made by an earlier chunker or extractor: they still answer, and `rag reindex` or an ingest of "
+           "their folder brings them up to date)") if stale else ""
     print(f"{len(infos)} documents: {counts['ok']} ok, {counts['failed']} failed, {counts['pending']} pending, "
-          f"{stale} stale")
+          f"{stale} stale{why}")
     return 0
 
 

@@ -41,6 +41,9 @@ class FileResult:
     chunks: int = 0
     truncated: int = 0
     error: str | None = None
+    # "ok" for a file whose bytes did not change: an earlier chunker, extractor or embedding model
+    # made the stored version (the document was stale, e.g. after an upgrade), so it was re-embedded.
+    reprocessed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,15 @@ class IngestReport:
             f"{self.count('groups')} permissions updated, {self.count('failed')} failed, "
             f"{self.count('pruned')} pruned; {self.chunks_embedded} chunks embedded "
             f"({self.truncated} truncated) in {self.seconds:.1f} s ({rate:.1f} chunks/s)"
+            + self._why_reprocessed()
         )
+
+    def _why_reprocessed(self) -> str:
+        again = sum(r.reprocessed for r in self.results)
+        if not again:
+            return ""
+        return (f"; {again} of the indexed files had not changed: an earlier chunker, extractor or embedding "
+                "model made their stored passages (stale), so they were processed again")
 
 
 ProgressFn = Callable[[int, int, int, str], None]  # (files done, files total, chunks embedded, source)
@@ -609,7 +620,8 @@ def ingest_file(
         pipeline_version=pipeline,
     )
     store.replace_document(conn, coll, version, rows)
-    return FileResult(source, "ok", len(rows), sum(r.chunk.truncated for r in rows)), seconds
+    again = existing is not None and existing["status"] == "ok" and existing["bytes_hash"] == bytes_hash
+    return FileResult(source, "ok", len(rows), sum(r.chunk.truncated for r in rows), reprocessed=again), seconds
 
 
 def _junk(row: Any) -> bool:

@@ -202,6 +202,9 @@ def open_db(url: str) -> PgConnection:
     conn = connect(url)
     try:
         migrate(conn)
+    except StorageError:
+        conn.close()
+        raise
     except psycopg.Error as e:
         conn.close()
         raise StorageError(f"cannot prepare the PostgreSQL database {redact(url)}: {str(e).strip()} "
@@ -229,8 +232,13 @@ def applied_migrations(conn: PgConnection) -> list[str]:
 
 
 def pending_migrations(conn: PgConnection) -> list[Migration]:
+    """The migrations still to apply; StorageError when a newer version has migrated the database."""
+    from rag.store import refuse_newer_schema
+
+    known = all_migrations()
     done = set(applied_migrations(conn))
-    return [m for m in all_migrations() if m.name not in done]
+    refuse_newer_schema(done, [m.name for m in known])
+    return [m for m in known if m.name not in done]
 
 
 def migrate(conn: PgConnection, stop_before: str | None = None) -> list[str]:

@@ -173,8 +173,26 @@ def applied_migrations(conn: Connection) -> list[str]:
 
 
 def pending_migrations(conn: Connection) -> list[Migration]:
+    """The migrations still to apply; StorageError when a newer version has migrated the database."""
+    known = all_migrations()
     done = set(applied_migrations(conn))
-    return [m for m in all_migrations() if m.name not in done]
+    refuse_newer_schema(done, [m.name for m in known])
+    return [m for m in known if m.name not in done]
+
+
+def refuse_newer_schema(applied: Iterable[str], known: Iterable[str]) -> None:
+    """StorageError when ``applied`` names a migration this version does not have.
+
+    A user who goes back to an older version after an upgrade would otherwise write rows that
+    the newer schema's tables (vectors, logs, ...) do not get, and the newer version would read
+    them back wrong. Nothing has been written when this is raised.
+    """
+    unknown = sorted(set(applied) - set(known))
+    if unknown:
+        raise StorageError(
+            f"the database was upgraded by a newer version of rag-desk (its migration {unknown[-1]} is unknown "
+            "to this version): run that version again, or open a copy of the database made before the "
+            "upgrade; nothing was changed")
 
 
 def migrate(conn: Connection, stop_before: str | None = None) -> list[str]:
@@ -188,6 +206,10 @@ def migrate(conn: Connection, stop_before: str | None = None) -> list[str]:
         if stop_before is not None and migration.name == stop_before:
             break
         with transaction(conn):
+            # Another process (the app and a command opening an older database at once) may have
+            # applied it while this one waited for the write lock: it was pending when listed.
+            if conn.execute(f"SELECT 1 FROM {MIGRATIONS_TABLE} WHERE name = ?", (migration.name,)).fetchone():
+                continue
             if migration.sql is not None:
                 for statement in _split_sql(migration.sql):
                     conn.execute(statement)
@@ -257,6 +279,10 @@ def _connect_writable_or_read_only(file: Path) -> Connection:
         conn = connect(file)
         migrate(conn)
         return conn
+    except StorageError:
+        if conn is not None:
+            conn.close()
+        raise
     except sqlite.OperationalError as e:
         if conn is not None:
             conn.close()
@@ -265,7 +291,12 @@ def _connect_writable_or_read_only(file: Path) -> Connection:
     # A read-only file or folder (backup media): WAL needs its -shm file, so open the file as
     # immutable (https://sqlite.org/uri.html#uriimmutable) for reading; writes fail with a message.
     conn = connect(f"file:{file.resolve()}?immutable=1", uri=True)
-    if pending_migrations(conn):
+    try:
+        pending = pending_migrations(conn)
+    except StorageError:  # migrated by a newer version
+        conn.close()
+        raise
+    if pending:
         conn.close()
         raise StorageError(f"the database {file} is read-only and needs an upgrade: open it once where it can be "
                            "written")

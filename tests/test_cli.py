@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rag import cli
+from rag import cli, store
 from rag.errors import RagError
 
 
@@ -42,6 +42,25 @@ def test_ingest_status_chunks_delete_roundtrip(
     capsys.readouterr()
     assert cli.main(["delete", "a.md", "--db", str(db_path)]) == 1
     assert "no document" in capsys.readouterr().err
+
+
+def test_status_says_what_stale_documents_need(corpus: Path, db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # After an upgrade every document an earlier version chunked is stale: the listing said so
+    # with a flag and a count, and nothing about what to do.
+    (corpus / "a.md").write_text("# A\n\nAlpha text here.\n", encoding="utf-8")
+    assert cli.main(["ingest", str(corpus), "--db", str(db_path)]) == 0
+    assert cli.main(["status", "--db", str(db_path)]) == 0
+    assert "rag reindex" not in capsys.readouterr().out
+    conn = store.open_db(db_path)
+    conn.execute("UPDATE documents SET pipeline_version = 'from an earlier version'")
+    conn.close()
+    assert cli.main(["status", "--db", str(db_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 documents: 1 ok, 0 failed, 0 pending, 1 stale" in out
+    assert "`rag reindex`" in out.splitlines()[-1]
+    assert cli.main(["reindex", "--db", str(db_path)]) == 0
+    assert cli.main(["status", "--db", str(db_path)]) == 0
+    assert "0 stale" in capsys.readouterr().out
 
 
 def test_a_file_name_with_a_line_break_stays_one_line_of_a_listing(

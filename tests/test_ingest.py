@@ -288,6 +288,25 @@ def test_pipeline_change_marks_documents_stale_and_reindex_refreshes(
     assert not any(d.stale for d in document_statuses(conn, changed))
 
 
+def test_an_ingest_that_reprocesses_unchanged_stale_files_says_why(
+    conn: store.Connection, settings: Settings, corpus: Path
+) -> None:
+    # After an upgrade every file an earlier version chunked is processed again: the summary said
+    # "3 indexed, 0 unchanged" as if every file had changed.
+    ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    conn.execute("UPDATE documents SET pipeline_version = 'earlier', content_hash = 'earlier'")
+    write(corpus, "notes.txt", "Notes\n\nThe backup runs nightly at 03:00.\n")  # this one did change
+    report = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    assert report.count("ok") == 3
+    assert {r.source: r.reprocessed for r in report.results} == {
+        "guide.md": True, "notes.txt": False, "sub/page.html": True}
+    assert report.summary().endswith("; 2 of the indexed files had not changed: an earlier chunker, extractor "
+                                     "or embedding model made their stored passages (stale), so they were "
+                                     "processed again")
+    again = ingest(conn, [corpus], settings=settings, embedder=FakeEmbedder())
+    assert again.count("unchanged") == 3 and "processed again" not in again.summary()
+
+
 def test_strategy_is_recorded_and_changing_it_reprocesses(
     conn: store.Connection, settings: Settings, corpus: Path
 ) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rag import store
-from rag.errors import ExtensionLoadError, IndexMismatchError
+from rag.errors import ExtensionLoadError, IndexMismatchError, StorageError
 from rag.records import Chunk
 
 from .conftest import SQLITE_ONLY, database_error, migration_named, vector_access_keys
@@ -101,6 +101,39 @@ def test_migrate_stop_before_leaves_later_migrations_pending(db_path: Path) -> N
     store.migrate(conn, stop_before=names[1])
     assert store.applied_migrations(conn) == names[:1]
     assert [m.name for m in store.pending_migrations(conn)] == names[1:]
+
+
+@SQLITE_ONLY  # PostgreSQL's runner checks under its advisory lock (rag.pg.migrate)
+def test_a_migration_another_process_applied_while_this_one_waited_is_skipped(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes open an older database at once (the app and `rag status` after an upgrade):
+    # both list the same pending migrations, one applies them, the other takes the write lock after.
+    first, second = store.connect(db_path), store.connect(db_path)
+    listed = store.pending_migrations(second)
+    assert store.migrate(first) == [m.name for m in listed]
+    monkeypatch.setattr(store, "pending_migrations", lambda conn: listed)
+    assert store.migrate(second) == []  # was: "table meta already exists"
+    assert store.applied_migrations(second) == [m.name for m in store.all_migrations()]
+    first.close()
+    second.close()
+
+
+def test_a_database_upgraded_by_a_newer_version_is_refused_and_left_as_it_was(db_path: Path | str) -> None:
+    # A user who goes back to this version after a newer one migrated the database: writing to it
+    # would skip the newer schema's tables, so it is one clear error before anything is changed.
+    conn = store.open_db(db_path)
+    coll = store.create_collection(conn, "c", "fake", 8)
+    store.replace_document(conn, coll, _version("a.md", "one", ["all"]), _rows("one", [_unit(8, 1)]))
+    conn.execute("INSERT INTO _migrations (name) VALUES (?)", ("9999_from_a_newer_version",))
+    before = sorted(tuple(r) for r in conn.execute("SELECT name FROM _migrations"))
+    conn.close()
+    with pytest.raises(StorageError, match=r"newer version of rag-desk .*9999_from_a_newer_version.*nothing was"):
+        store.open_db(db_path)
+    conn = store.connect(db_path)
+    assert sorted(tuple(r) for r in conn.execute("SELECT name FROM _migrations")) == before
+    assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 1
+    conn.close()
 
 
 @SQLITE_ONLY  # SQLite's schema, vec0 and FTS5 (PostgreSQL's: tests/test_pg.py)
@@ -408,4 +441,34 @@ def test_migration_nfc_sources_composes_the_names_older_versions_stored_decompos
     # the twin stays as it was: renaming it would merge two documents (`rag delete` removes one)
     assert sources == {"Nghỉ phép.md", "Ghi chú.md", twin, "plain.md"}
     assert store.find_document(conn, coll.id, "Nghỉ phép.md") is not None
+    conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# document_id_high_water: ids that chats of earlier versions cite are never given again
+
+
+@SQLITE_ONLY  # PostgreSQL's identity column never gives an id twice
+def test_migration_document_id_high_water_keeps_the_id_an_old_chat_cites_from_a_new_document(db_path: Path) -> None:
+    from rag import conversation
+    from rag.records import Answer, Citation, Hit
+
+    conn = store.open_db(db_path)
+    coll = store.create_collection(conn, "c", "fake", 8)
+    for source in ("a.md", "b.md", "c.md"):
+        store.replace_document(conn, coll, _version(source, "text", ["all"]), _rows("text", [_unit(8, 1)]))
+    cited = max(r["id"] for r in store.document_rows(conn))
+    hit = Hit(9, cited, "c.md", "C", "C", "text", 0, 4, None, 0.2)
+    answer = Answer("extractive", "q", "“text” [1]", citations=[Citation(1, 9, "C", "c.md", "C", "#char=0,4", 0, 4,
+                                                                        None, "text", 0.2)], hits=[hit])
+    conversation.save_turn(conn, collection="c", chat_id="old", question="q", searched="q", answer=answer,
+                           groups=["all"])
+    store.delete_document(conn, cited)
+    # The database as a version before the high-water mark left it, upgraded now.
+    conn.execute("DELETE FROM meta WHERE key = 'documents:last_id'")
+    conn.execute("DELETE FROM _migrations WHERE name LIKE '%_document_id_high_water'")
+    store.migrate(conn)
+    store.replace_document(conn, coll, _version("new.md", "text", ["all"]), _rows("text", [_unit(8, 2)]))
+    added = store.find_document(conn, coll.id, "new.md")["id"]
+    assert added > cited  # was == cited: the old answer's link (?document=ID) opened new.md
     conn.close()
