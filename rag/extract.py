@@ -445,6 +445,8 @@ def extract_docx(path: Path, data: bytes) -> Extracted:
                 content = child.find(qn("w:sdtContent"))
                 if content is not None:
                     walk(content)
+            elif child.tag == qn("w:customXml"):  # paragraphs wrapped in a custom XML element
+                walk(child)
             elif child.tag == qn("w:tbl"):
                 rows = []
                 for tr in child.iterchildren(qn("w:tr")):

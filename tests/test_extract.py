@@ -210,8 +210,8 @@ def test_docx_becomes_markdown_like_blocks() -> None:
 
 def test_docx_reads_content_controls_and_insertions_once_and_skips_deletions_and_contents() -> None:
     # What Word writes and python-docx's Document.paragraphs misses or doubles: a section inside a
-    # content control (templates), a tracked insertion and deletion, a text box with its VML
-    # fallback copy, and a table of contents.
+    # content control (templates), a tracked insertion and deletion, a custom XML element, a text
+    # box with its VML fallback copy, and a table of contents.
     def build(document: Any) -> None:
         document.add_paragraph("Contents entry 1", style=document.styles.add_style("TOC 1", 1))
         _body_xml(document, '<w:sdt {ns}><w:sdtContent><w:p><w:r><w:t>Inside a control.</w:t></w:r></w:p>'
@@ -220,12 +220,14 @@ def test_docx_reads_content_controls_and_insertions_once_and_skips_deletions_and
                             '<w:ins w:id="1" w:author="A"><w:r><w:t>twelve</w:t></w:r></w:ins>'
                             '<w:del w:id="2" w:author="A"><w:r><w:delText>ten</w:delText></w:r></w:del>'
                             '<w:r><w:t xml:space="preserve"> days.</w:t></w:r></w:p>')
+        _body_xml(document, '<w:customXml {ns} w:element="clause"><w:p><w:r><w:t>In a custom element.</w:t></w:r>'
+                            '</w:p></w:customXml>')
         _body_xml(document, '<w:p {ns}><w:r><mc:AlternateContent><mc:Choice Requires="wps"><w:t>Boxed.</w:t>'
                             '</mc:Choice><mc:Fallback><w:t>Boxed.</w:t></mc:Fallback></mc:AlternateContent>'
                             '</w:r></w:p>')
 
     doc = extract(Path("word.docx"), make_docx(build))
-    assert doc.text == "Inside a control.\n\nLeave is twelve days.\n\nBoxed.\n"
+    assert doc.text == "Inside a control.\n\nLeave is twelve days.\n\nIn a custom element.\n\nBoxed.\n"
     assert doc.title == "Word"  # no title property, no heading: the file name
 
 
