@@ -1221,15 +1221,51 @@ def cmd_audit_channels(args: argparse.Namespace, resources: Resources) -> int:
     return 0
 
 
+def cmd_audit_index(args: argparse.Namespace, resources: Resources) -> int:
+    from rag import store
+    from rag.integrity import check_index, repair_index
+
+    settings = resources.settings
+    store.require_database(settings.db_path)
+    conn = resources.connect()
+    check = check_index(conn, settings.collection)
+    if args.json:
+        print_json({**asdict(check), "sound": check.sound})
+    else:
+        print(f"collection {check.collection!r}: {check.documents} documents, {check.chunks} passages: "
+              + ("sound (every passage is the text at its offsets and has its vector and keyword entry)"
+                 if check.sound else f"{len(check.problems)} problem(s)"))
+        for problem in check.problems:
+            print(f"  {one_line(problem)}")
+    if check.sound:
+        return 0
+    if not args.repair:
+        if not args.json:
+            print("run `rag audit index --repair` to rebuild the keyword index and process the damaged documents "
+                  "again from their stored text")
+        return 1
+    coll = store.require_collection(conn, settings.collection)
+    report = repair_index(conn, check, settings=settings, embedder=resources.embedder(coll.embedder))
+    if report is not None:
+        _audit_change(conn, "ingest", {"collection": settings.collection, "reindex": True,
+                                       "summary": report.summary()})
+    after = check_index(conn, settings.collection)
+    if not args.json:
+        print("repaired: " + (report.summary() if report is not None else "the keyword index was rebuilt"))
+        print("sound now" if after.sound else "still: " + "; ".join(after.problems))
+    return 0 if after.sound else 1
+
+
 def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
     p = sub.add_parser(
-        "audit", help="the team-mode audit log (default; prune), or measure the pipeline (cuts, channels)",
+        "audit", help="the team-mode audit log (default; prune), measure the pipeline (cuts, channels), or "
+                      "check the index (index)",
         description="rag audit [--since DATE] [--user NAME] [--csv FILE] | rag audit prune | "
-                    "rag audit cuts FILE | rag audit channels",
+                    "rag audit cuts FILE | rag audit channels | rag audit index [--repair]",
     )
     _audit_log_options(p)
     p.set_defaults(audit_handler=cmd_audit_log)
-    asub = p.add_subparsers(dest="audit_command", metavar="{cuts,channels,prune}")
+    asub = p.add_subparsers(dest="audit_command", metavar="{cuts,channels,index,prune}")
     _add_audit_prune_parser(asub)
     c = asub.add_parser("cuts", help="how many chunk cuts fall outside paragraph and sentence boundaries (seed 004)")
     c.add_argument("file", help=f"a document ({' '.join(SUPPORTED_SUFFIXES)})")
@@ -1250,6 +1286,13 @@ def _add_audit_parser(sub: Any, handlers: dict[str, Handler]) -> None:
                    help="count the reranker input as if this reranker were on (default: settings rerank)")
     c.add_argument("--json", action="store_true", help="print the audit as JSON")
     c.set_defaults(audit_handler=cmd_audit_channels)
+    c = asub.add_parser("index", help="check that every passage is the text at its offsets and has its vector and "
+                                      "keyword entry (after a crash, an upgrade or a copy); --repair mends it")
+    _common(c)
+    c.add_argument("--repair", action="store_true",
+                   help="rebuild the keyword index and process the damaged documents again from their stored text")
+    c.add_argument("--json", action="store_true", help="print the check as JSON")
+    c.set_defaults(audit_handler=cmd_audit_index)
     handlers["audit"] = cmd_audit
 
 
