@@ -21,7 +21,7 @@ from rag.text import nfc
 
 SUPPORTED_SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html",
                       ".htm": "html", ".pdf": "pdf", ".docx": "docx", ".odt": "odt"}
-EXTRACTOR_VERSIONS = {"markdown": "1", "text": "1", "html": "2", "pdf": "1", "docx": "1", "odt": "1"}
+EXTRACTOR_VERSIONS = {"markdown": "1", "text": "1", "html": "2", "pdf": "1", "docx": "2", "odt": "2"}
 # Extractors whose text is Markdown (written, or converted to it: "#" headings, "- " items, pipe
 # tables), so that chunking splits it by its Markdown blocks rather than as plain text.
 MARKDOWN_EXTRACTORS = frozenset({"markdown", "html", "docx", "odt"})
@@ -337,6 +337,43 @@ def _table_lines(rows: list[list[str]]) -> list[str]:
     return ["", *lines, ""]
 
 
+# Paragraph styles that hold code or preformatted text (Word's "HTML Preformatted", "Plain Text",
+# "Macro Text"; LibreOffice's "Preformatted Text"; pandoc's "Source Code"): one line each, spaces kept.
+_CODE_STYLE = re.compile(r"preformatted|code|plain text|macro text|verbatim|listing")
+
+
+class _Blocks:
+    """The Markdown-like lines of a converted document. Consecutive code paragraphs become one
+    fenced block, their indentation kept: as paragraphs, each line would be a block of its own,
+    indentation lost, and a comment line such as "# or:" read as a heading."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._code: list[str] = []
+
+    def code(self, line: str) -> None:
+        self._code.append(line)
+
+    def add(self, *lines: str) -> None:
+        self.flush()
+        self.lines.extend(lines)
+
+    def flush(self) -> None:
+        while self._code and not self._code[-1].strip():
+            self._code.pop()
+        first = next((i for i, line in enumerate(self._code) if line.strip()), len(self._code))
+        body = self._code[first:]
+        if body:
+            fence = "````" if any("```" in line for line in body) else "```"
+            self.lines.extend(["", fence, *body, fence, ""])
+        self._code.clear()
+
+
+def _raw_lines(text: str) -> str:
+    """Code as written: each line's trailing spaces dropped, its indentation kept."""
+    return "\n".join(line.replace("\u00a0", " ").rstrip() for line in text.split("\n"))
+
+
 _CFB_MAGIC = b"\xd0\xcf\x11\xe0"  # an OLE compound file: Word 97-2003, or an encrypted OOXML/ODF package
 
 
@@ -401,29 +438,30 @@ def extract_docx(path: Path, data: bytes) -> Extracted:
     fallback = "{http://schemas.openxmlformats.org/markup-compatibility/2006}Fallback"
     for copy in list(body.iter(fallback)):
         copy.getparent().remove(copy)
-    styles: dict[str | None, tuple[int | None, bool, bool]] = {}
+    styles: dict[str | None, tuple[int | None, bool, bool, bool]] = {}
 
     def outline_level(element: Any) -> int | None:
         """The heading level a paragraph or a style sets by its outline level (0-8; 9 is body text)."""
         value = element.xpath("./w:pPr/w:outlineLvl/@w:val")
         return int(value[0]) + 1 if value and value[0].isdigit() and int(value[0]) < 9 else None
 
-    def style_of(style_id: str | None) -> tuple[int | None, bool, bool]:
-        """(heading level, list style, table of contents) of a paragraph style, through its bases."""
+    def style_of(style_id: str | None) -> tuple[int | None, bool, bool, bool]:
+        """(heading level, list style, table of contents, code) of a paragraph style, through its bases."""
         if style_id not in styles:
-            level, listed, contents = None, False, False
+            level, listed, contents, code = None, False, False, False
             style: Any = document.part.get_style(style_id, WD_STYLE_TYPE.PARAGRAPH)
             while style is not None and level is None:
                 name = (style.name or "").casefold()
                 heading = re.fullmatch(r"heading\s*([1-9])", name)
                 level = 1 if name == "title" else int(heading.group(1)) if heading else outline_level(style.element)
+                code = code or bool(_CODE_STYLE.search(name))
                 listed = listed or "list" in name
                 contents = contents or name.startswith("toc")
                 style = getattr(style, "base_style", None)  # a paragraph style's, through its bases
-            styles[style_id] = (level, listed, contents)
+            styles[style_id] = (level, listed and not code, contents, code and level is None)
         return styles[style_id]
 
-    def text_of(element: Any) -> str:
+    def raw_text(element: Any) -> str:
         parts = []
         for node in element.iter(qn("w:t"), qn("w:tab"), qn("w:br"), qn("w:cr"), qn("w:p")):
             if node.tag == qn("w:t"):
@@ -432,12 +470,15 @@ def extract_docx(path: Path, data: bytes) -> Extracted:
                 parts.append("\t")
             elif node is not element:  # a break, or a paragraph of a text box inside this one
                 parts.append("\n")
-        return _squash_lines("".join(parts))
+        return "".join(parts)
+
+    def text_of(element: Any) -> str:
+        return _squash_lines(raw_text(element))
 
     def cell_text(cell: Any) -> str:  # its paragraphs, and those of a table inside it, on one line
         return " ".join(text_of(cell).split("\n"))
 
-    lines: list[str] = []
+    blocks = _Blocks()
 
     def walk(container: Any) -> None:
         for child in container.iterchildren():
@@ -455,24 +496,26 @@ def extract_docx(path: Path, data: bytes) -> Extracted:
                         span = tc.xpath("./w:tcPr/w:gridSpan/@w:val")
                         row.extend([cell_text(tc)] + [""] * (int(span[0]) - 1 if span and span[0].isdigit() else 0))
                     rows.append(row)
-                lines.extend(_table_lines(rows))
+                blocks.add(*_table_lines(rows))
             elif child.tag == qn("w:p"):
-                text = text_of(child)
-                if not text:
+                level, listed, contents, code = style_of(child.style)
+                if code and outline_level(child) is None:
+                    blocks.code(_raw_lines(raw_text(child)))  # an empty line of code is a line too
                     continue
-                level, listed, contents = style_of(child.style)
-                if contents:
+                text = text_of(child)
+                if not text or contents:
                     continue
                 level = outline_level(child) if level is None else level
                 if level is not None:
-                    lines.extend(["", "#" * level + " " + text.replace("\n", " "), ""])
+                    blocks.add("", "#" * level + " " + text.replace("\n", " "), "")
                 elif listed or child.xpath("./w:pPr/w:numPr"):
-                    lines.append("- " + text)
+                    blocks.add("- " + text)
                 else:
-                    lines.extend(["", text, ""])
+                    blocks.add("", text, "")
 
     walk(body)
-    return _converted(path, lines, (document.core_properties.title or "").strip(), "docx")
+    blocks.flush()
+    return _converted(path, blocks.lines, (document.core_properties.title or "").strip(), "docx")
 
 
 def extract_odt(path: Path, data: bytes) -> Extracted:
@@ -508,7 +551,8 @@ def extract_odt(path: Path, data: bytes) -> Extracted:
                                            "illustration-index", "table-index", "object-index", "user-index",
                                            "bibliography", "sequence-decls")}
     skipped |= {(OFFICENS, "annotation"), (SVGNS, "title"), (SVGNS, "desc")}  # comments; an image's alt text
-    parents: dict[str, tuple[str, int | None]] = {}  # style name -> (parent style, heading level it sets)
+    # style name -> (parent style, heading level it sets, code style)
+    parents: dict[str, tuple[str, int | None, bool]] = {}
     for family in (document.styles, document.automaticstyles):
         for style in family.getElementsByType(Style):
             name = str(style.getAttrNS(STYLENS, "name") or "")
@@ -517,19 +561,22 @@ def extract_odt(path: Path, data: bytes) -> Extracted:
             outline = str(style.getAttrNS(STYLENS, "default-outline-level") or "")
             level = (int(outline) if outline.isdigit() else int(heading.group(1)) if heading
                      else 1 if shown == "title" else None)
-            parents[name] = (str(style.getAttrNS(STYLENS, "parent-style-name") or ""), level)
+            parents[name] = (str(style.getAttrNS(STYLENS, "parent-style-name") or ""), level,
+                             bool(_CODE_STYLE.search(shown)))
 
-    def style_level(name: str) -> int | None:
-        """The heading level a paragraph style sets, through its parents: LibreOffice writes a heading
+    def style_of(name: str) -> tuple[int | None, bool]:
+        """(heading level, code) of a paragraph style, through its parents: LibreOffice writes a heading
         converted from HTML or Word as a paragraph styled "Heading 1", not always as a text:h."""
+        code = False
         for _ in range(len(parents)):  # a chain of parents, however (mis)formed, ends
-            parent, level = parents.get(name, ("", None))
+            parent, level, coded = parents.get(name, ("", None, False))
+            code = code or coded
             if level is not None or not parent:
-                return level
+                return level, code and level is None
             name = parent
-        return None
+        return None, code
 
-    def text_of(element: Any) -> str:
+    def text_of(element: Any, raw: bool = False) -> str:
         parts: list[str] = []
 
         def collect(node: Any) -> None:
@@ -550,9 +597,9 @@ def extract_odt(path: Path, data: bytes) -> Extracted:
                     collect(child)
 
         collect(element)
-        return _squash_lines("".join(parts))
+        return _raw_lines("".join(parts)) if raw else _squash_lines("".join(parts))
 
-    lines: list[str] = []
+    blocks = _Blocks()
 
     def table_rows(node: Any) -> list[list[str]]:
         rows = []
@@ -571,25 +618,30 @@ def extract_odt(path: Path, data: bytes) -> Extracted:
             if child.nodeType != child.ELEMENT_NODE or child.qname in skipped:
                 continue
             if child.qname in ((TEXTNS, "h"), (TEXTNS, "p")):
-                text = text_of(child)
+                level, code = style_of(str(child.getAttrNS(TEXTNS, "style-name") or ""))
                 if child.qname == (TEXTNS, "h"):
-                    level: int | None = int(child.getAttrNS(TEXTNS, "outline-level") or 1)
-                else:  # a list item styled as a heading is still a list item
-                    level = None if in_list else style_level(str(child.getAttrNS(TEXTNS, "style-name") or ""))
+                    level, code = int(child.getAttrNS(TEXTNS, "outline-level") or 1), False
+                elif in_list:  # a list item styled as a heading is still a list item
+                    level = None
+                if code:
+                    blocks.code(text_of(child, raw=True))  # an empty line of code is a line too
+                    continue
+                text = text_of(child)
                 if text and level is not None:
-                    lines.extend(["", "#" * min(level, 6) + " " + text.replace("\n", " "), ""])
+                    blocks.add("", "#" * min(level, 6) + " " + text.replace("\n", " "), "")
                 elif text:
-                    lines.extend([f"- {text}"] if in_list else ["", text, ""])
+                    blocks.add(*([f"- {text}"] if in_list else ["", text, ""]))
             elif child.qname == (TABLENS, "table"):
-                lines.extend(_table_lines(table_rows(child)))
+                blocks.add(*_table_lines(table_rows(child)))
             elif child.qname == (TEXTNS, "list"):
                 walk(child, in_list=True)
             else:  # list items, sections, and other containers of paragraphs
                 walk(child, in_list)
 
     walk(document.text)
+    blocks.flush()
     titles = document.meta.getElementsByType(dc.Title)
-    return _converted(path, lines, teletype.extractText(titles[0]).strip() if titles else "", "odt")
+    return _converted(path, blocks.lines, teletype.extractText(titles[0]).strip() if titles else "", "odt")
 
 
 _EXTRACTORS = {"markdown": extract_markdown, "text": extract_plain, "html": extract_html, "pdf": extract_pdf,

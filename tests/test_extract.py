@@ -373,3 +373,36 @@ def test_an_office_package_that_unpacks_to_gigabytes_fails_alone(
     assert len(data) < 10_000
     with pytest.raises(ExtractionError, match=r"unpacks to 2 MB \(2 MB of XML\) from 0\.0 MB: more than a document"):
         extract(Path(name), data)
+
+
+def test_code_paragraphs_become_one_fenced_block_with_their_indentation() -> None:
+    # Word and LibreOffice write a code listing as one "Preformatted Text" paragraph per line, its
+    # indentation as spaces: read as paragraphs, "# or:" became a heading and the indentation went.
+    from odf import style, text
+
+    lines = ["def goodbye(name):", "    print('Goodbye', name)", "", "# or:", "goodbye('Donny')"]
+    expected = "Usage:\n\n```\n" + "\n".join(lines) + "\n```\n\nThat is all.\n"
+
+    def word(document: Any) -> None:
+        code = document.styles.add_style("Preformatted Text", 1)
+        document.add_paragraph("Usage:")
+        for line in lines:
+            document.add_paragraph(line, style=code)
+        document.add_paragraph("", style=code)  # trailing empty lines of a listing are no code
+        document.add_paragraph("That is all.")
+
+    def writer(document: Any) -> None:
+        document.styles.addElement(style.Style(name="Preformatted_20_Text", displayname="Preformatted Text",
+                                               family="paragraph"))
+        document.text.addElement(text.P(text="Usage:"))
+        for line in lines:
+            paragraph = text.P(stylename="Preformatted_20_Text")
+            indent = len(line) - len(line.lstrip())
+            if indent:
+                paragraph.addElement(text.S(c=indent))
+            paragraph.addText(line.lstrip())
+            document.text.addElement(paragraph)
+        document.text.addElement(text.P(text="That is all."))
+
+    assert extract(Path("code.docx"), make_docx(word)).text == expected
+    assert extract(Path("code.odt"), make_odt(writer)).text == expected
