@@ -505,13 +505,18 @@ def name_warnings(stored: Mapping[str, str], files: Sequence[FoundFile]) -> list
     their shorter names. Neither is refused: a moved folder (the old file gone) is the common case
     of the first, and keeping the old name would read the access map with the wrong keys.
 
+    A file linked under a second name inside the folder (``alias.md -> a.md``) is read from one
+    path under both names in every run: that is the folder's own layout, never warned about.
+
     Args:
         stored: the collection's documents, source name -> the path each was read from.
         files: this run's files.
     """
+    names = {found.source for found in files}
     by_path: dict[str, str] = {}
     for source, path in sorted(stored.items()):
-        by_path.setdefault(path, source)
+        if source not in names:  # stored under a name this run also gives: no second copy
+            by_path.setdefault(path, source)
     warnings = []
     for found in files:
         path = str(found.path)
@@ -521,7 +526,7 @@ def name_warnings(stored: Mapping[str, str], files: Sequence[FoundFile]) -> list
                             f"from {old_path}, which still exists and is no longer searched. To keep both, ingest "
                             "both folders in one run, or into separate collections (--collection)")
         other = by_path.get(path)
-        if other is not None and other != found.source:
+        if other is not None:
             warnings.append(f"{path} is already stored as {other!r} (ingested together with other folders) and is "
                             f"now stored as {found.source!r} too, so searches find it twice: ingest the same "
                             f"folders together again, or delete one (rag delete {other!r})")

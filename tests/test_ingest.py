@@ -362,6 +362,19 @@ def test_a_second_folder_with_the_same_names_warns_that_it_replaces_the_first(
     assert "already stored as 'A/x.md'" in again and "now stored as 'x.md' too" in again
 
 
+def test_a_file_linked_under_a_second_name_in_the_folder_warns_of_nothing_on_a_rerun(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    # /usr/share/doc ships such links (libgtk-3-0/README.md -> ../libgtk-3-common/README.md): each
+    # re-run warned that the file was "ingested together with other folders" and said to delete one.
+    write(tmp_path / "A", "a.md", "# A\n\nFolder A talks about giraffes.\n")
+    (tmp_path / "A" / "alias.md").symlink_to("a.md")
+    first = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert first.count("ok") == 2 and first.warnings == []
+    again = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert again.count("unchanged") == 2 and again.warnings == []
+
+
 def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
