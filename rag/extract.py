@@ -279,7 +279,7 @@ def _converted(path: Path, lines: list[str], title: str, extractor: str) -> Extr
 def extract_pdf(path: Path, data: bytes) -> Extracted:
     """pypdf text per page, pages joined by a blank line; page spans kept for locators."""
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import DependencyError, PyPdfError
 
     try:
         reader = PdfReader(io.BytesIO(data))
@@ -304,7 +304,13 @@ def extract_pdf(path: Path, data: bytes) -> Extracted:
         info_title = (reader.metadata.title if reader.metadata else None) or ""
     except ExtractionError:
         raise
-    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+    except DependencyError as e:  # e.g. JBIG2 images without the jbig2dec program
+        raise ExtractionError(f"the PDF cannot be read without a program that is not installed: {e}") from e
+    except NotImplementedError as e:  # pypdf: "Unsupported filter /...", a compression it does not know
+        raise ExtractionError(f"the PDF uses a feature the PDF reader does not support: {e}; save it again "
+                              "(e.g. print to PDF) and ingest the copy") from e
+    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, OSError) as e:  # PyPdfError: also
+        # LimitReachedError (an object that refers to itself) beside PdfReadError
         raise ExtractionError(f"corrupt or unreadable PDF: {type(e).__name__}: {e}") from e
     text = "".join(parts)
     if not pages:

@@ -964,8 +964,8 @@ def _sample_texts(files: Sequence[FoundFile], limit_chars: int) -> list[str]:
             break
         try:
             text = extract(found.path).text
-        except ExtractionError:
-            continue
+        except Exception:  # a file that cannot be read is left out of the sample; its own
+            continue  # ingest then fails it alone, with the reason, and the run goes on
         sample.append(text[: limit_chars - size])
         size += len(sample[-1])
     return sample

@@ -122,6 +122,14 @@ def test_broken_inputs_raise_a_clear_reason(name: str, data: bytes | str | None,
         extract(Path(name), data)
 
 
+def test_a_pdf_in_a_compression_the_reader_does_not_know_fails_with_a_reason() -> None:
+    # pypdf raises NotImplementedError ("Unsupported filter"), not one of its read errors: it escaped
+    # extract(), failed the file with a traceback, and stopped the language sampling of a new collection.
+    data = make_pdf(["Alpha page text."]).replace(b"/FlateDecode", b"/FooDecodeXY")
+    with pytest.raises(ExtractionError, match=r"does not support: Unsupported filter /FooDecodeXY"):
+        extract(Path("odd.pdf"), data)
+
+
 NO_TEXT = "the file holds no text (empty, or only whitespace, invisible characters or markup without a letter or digit)"
 
 

@@ -375,6 +375,23 @@ def test_a_file_linked_under_a_second_name_in_the_folder_warns_of_nothing_on_a_r
     assert again.count("unchanged") == 2 and again.warnings == []
 
 
+def test_a_pdf_the_reader_cannot_decode_fails_alone_in_a_new_auto_collection(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    from rag.ingest import choose_embedder
+
+    from .test_extract import make_pdf
+
+    write(tmp_path / "A", "odd.pdf", make_pdf(["Alpha page text."]).replace(b"/FlateDecode", b"/FooDecodeXY"))
+    write(tmp_path / "A", "ok.md", "# Ok\n\nA readable page about backups.\n")
+    # the language sample of a new collection ("auto") read the PDF first, and the run stopped there
+    assert choose_embedder(conn, [tmp_path / "A"], requested="auto", settings=settings).embedder_id
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    [failed] = report.failed
+    assert failed.source == "odd.pdf" and report.count("ok") == 1
+    assert (failed.error or "").startswith("the PDF uses a feature the PDF reader does not support")
+
+
 def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
