@@ -8,6 +8,7 @@ which is stored in the database, so a citation can always be resolved to the exa
 from __future__ import annotations
 
 import io
+import logging
 import re
 import sys
 from pathlib import Path
@@ -281,6 +282,11 @@ def extract_pdf(path: Path, data: bytes) -> Extracted:
     from pypdf import PdfReader
     from pypdf.errors import DependencyError, PyPdfError
 
+    # pypdf logs what it repairs or gives up on ("EOF marker not found", "invalid pdf header"):
+    # printed under `rag ingest`'s progress bar without a file name, once per read (the language
+    # sample of a new collection reads a file twice more). A file it cannot read fails with that
+    # reason instead; what it could repair is read.
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,16 @@ def test_a_pdf_in_a_compression_the_reader_does_not_know_fails_with_a_reason() -
     data = make_pdf(["Alpha page text."]).replace(b"/FlateDecode", b"/FooDecodeXY")
     with pytest.raises(ExtractionError, match=r"does not support: Unsupported filter /FooDecodeXY"):
         extract(Path("odd.pdf"), data)
+
+
+def test_a_damaged_pdf_prints_nothing_beside_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    # "EOF marker not found", "invalid pdf header: b'hello'": pypdf's log lines appeared under
+    # the progress bar of `rag ingest`, naming no file, three times per file in a new collection.
+    caplog.set_level(logging.WARNING)
+    for name, data in (("cut.pdf", make_pdf(["Alpha page text."])[:-40]), ("fake.pdf", b"hello, I am text")):
+        with pytest.raises(ExtractionError, match="corrupt or unreadable PDF"):
+            extract(Path(name), data)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("pypdf")] == []
 
 
 NO_TEXT = "the file holds no text (empty, or only whitespace, invisible characters or markup without a letter or digit)"
