@@ -91,9 +91,16 @@ def _without_nul(text: str) -> str:
     return text
 
 
+# A UTF-16 surrogate alone, not a character: pypdf decodes a font's ToUnicode map with
+# "surrogatepass", so one glyph mapped to <D800> put one in a page's text. No tokenizer takes it
+# ("TextInputSequence must be str") and SQLite cannot store it, so the whole PDF failed.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def canonical(text: str) -> str:
-    """NFC with LF line endings: the one form every offset refers to."""
-    return nfc(text.replace("\r\n", "\n").replace("\r", "\n"))
+    """NFC with LF line endings: the one form every offset refers to. A lone surrogate becomes
+    U+FFFD, the replacement character, as a decoder's ``errors="replace"`` would make it."""
+    return nfc(_LONE_SURROGATE.sub("\ufffd", text.replace("\r\n", "\n").replace("\r", "\n")))
 
 
 def holds_text(text: str) -> bool:
@@ -323,7 +330,7 @@ def extract_pdf(path: Path, data: bytes) -> Extracted:
         raise ExtractionError("the PDF has no pages")
     if not holds_text(text):
         raise ExtractionError("the PDF has no extractable text (a scanned image?); run OCR on it first")
-    title = nfc(str(info_title).strip()) or _title_from_stem(path)
+    title = nfc(_LONE_SURROGATE.sub("\ufffd", str(info_title)).strip()) or _title_from_stem(path)
     return Extracted(text, title, "pdf", EXTRACTOR_VERSIONS["pdf"], 0, tuple(pages))
 
 

@@ -392,6 +392,19 @@ def test_a_pdf_the_reader_cannot_decode_fails_alone_in_a_new_auto_collection(
     assert (failed.error or "").startswith("the PDF uses a feature the PDF reader does not support")
 
 
+def test_a_pdf_with_a_lone_surrogate_is_indexed_and_the_run_goes_on(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    from .test_extract import lone_surrogate_pdf
+
+    write(tmp_path / "A", "glyph.pdf", lone_surrogate_pdf())
+    write(tmp_path / "A", "ok.md", "# Ok\n\nA readable page about backups.\n")
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert report.count("ok") == 2, report.failed
+    [chunk] = [r for r in store.document_rows(conn) if r["source"] == "glyph.pdf"]
+    assert chunk["canonical_text"].startswith("\ufffd backup policy")
+
+
 def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
