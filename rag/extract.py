@@ -162,7 +162,9 @@ def extract_markdown(path: Path, data: bytes) -> Extracted:
     _require_text(text)
     metadata, body_start = split_front_matter(text)
     _require_text(text[body_start:])
-    title = str(metadata.get("title") or "").strip()
+    # YAML reads the escape "\ud800" as a lone surrogate: such a title could not be stored, and
+    # stopped the whole run ("surrogates not allowed")
+    title = _LONE_SURROGATE.sub("\ufffd", str(metadata.get("title") or "")).strip()
     if not title:
         h1 = _ATX_H1.search(text, body_start)
         title = h1.group(1).strip() if h1 else _title_from_stem(path)

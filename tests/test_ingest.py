@@ -405,6 +405,18 @@ def test_a_pdf_with_a_lone_surrogate_is_indexed_and_the_run_goes_on(
     assert chunk["canonical_text"].startswith("\ufffd backup policy")
 
 
+def test_a_front_matter_title_with_a_lone_surrogate_escape_does_not_stop_the_run(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    # YAML reads "\ud800" as a lone surrogate; storing the title raised UnicodeEncodeError out of
+    # ingest(), so this file and every file after it were never indexed, run after run.
+    write(tmp_path / "A", "a.md", '---\ntitle: "Bad \\ud800 title"\n---\n\n# Body\n\nSome text.\n')
+    write(tmp_path / "A", "b.md", "# Later\n\nA later file.\n")
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert report.count("ok") == 2
+    assert {r["source"]: r["title"] for r in store.document_rows(conn)}["a.md"] == "Bad \ufffd title"
+
+
 def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
