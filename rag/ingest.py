@@ -521,7 +521,7 @@ def name_warnings(stored: Mapping[str, str], files: Sequence[FoundFile]) -> list
     for found in files:
         path = str(found.path)
         old_path = stored.get(found.source)
-        if old_path is not None and old_path != path and Path(old_path).is_file():
+        if old_path is not None and old_path != path and _is_file(old_path):
             warnings.append(f"{found.source!r} is now read from {path}; the document stored under that name came "
                             f"from {old_path}, which still exists and is no longer searched. To keep both, ingest "
                             "both folders in one run, or into separate collections (--collection)")
@@ -688,10 +688,28 @@ def prune_missing(conn: store.Connection, coll: Collection, writer: Sequence[str
     for row in store.document_rows(conn, coll.name):
         if visible is not None and row["access_key"] not in visible:
             continue
-        if not Path(row["path"]).exists():
+        if _gone(row["path"]):
             store.delete_document(conn, row["id"])
             pruned.append(FileResult(row["source"], "pruned"))
     return pruned
+
+
+def _gone(path: str | Path) -> bool:
+    """Whether the file at ``path`` no longer exists. A file that cannot be looked at (a folder on
+    its path is unreadable: ``Path.exists`` raises PermissionError) is not gone, so ``--prune``
+    keeps its document; the ingest run that cannot read it fails it with the reason instead."""
+    try:
+        return not Path(path).exists()
+    except OSError:
+        return False
+
+
+def _is_file(path: str | Path) -> bool:
+    """``Path.is_file``, False for a file that cannot be looked at (see ``_gone``)."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -843,7 +861,7 @@ def _reprocess(
         )
         store.replace_document(conn, coll, version, rows)
         return FileResult(row["source"], "ok", len(rows), sum(r.chunk.truncated for r in rows)), seconds
-    if not path.exists():
+    if _gone(path):
         reason = f"source file {path} is gone and the stored text cannot be re-extracted"
         store.record_failure(conn, coll, row["source"], row["path"], json.loads(row["groups"]) or None,
                              row["bytes_hash"] or "", row["content_hash"] or "", reason)
@@ -856,7 +874,7 @@ def _reprocess(
 def _stored_pages(conn: store.Connection, row: Any) -> tuple[Any, ...]:
     """PDF page spans are recomputed by re-extraction; chunks keep their page numbers otherwise."""
     path = Path(row["path"])
-    if path.exists():
+    if not _gone(path):
         try:
             return extract(path).pages
         except ExtractionError:

@@ -417,6 +417,27 @@ def test_a_front_matter_title_with_a_lone_surrogate_escape_does_not_stop_the_run
     assert {r["source"]: r["title"] for r in store.document_rows(conn)}["a.md"] == "Bad \ufffd title"
 
 
+def test_prune_keeps_a_document_whose_folder_became_unreadable(
+    conn: store.Connection, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # chmod 000 on a folder already ingested: Path.exists() of its files raises PermissionError
+    # (not False), and `rag ingest --prune` stopped with a traceback. (Faked: root reads anything.)
+    write(tmp_path / "A", "x.md", "# X\n\nReadable.\n")
+    locked = write(tmp_path / "A", "locked/y.md", "# Y\n\nIn a folder that becomes unreadable.\n").resolve()
+    ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    exists = Path.exists
+
+    def no_entry(path: Path) -> bool:
+        if path == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return exists(path)
+
+    monkeypatch.setattr(Path, "exists", no_entry)
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder(), prune=True)
+    assert report.count("pruned") == 0
+    assert sorted(d.source for d in document_statuses(conn, settings)) == ["locked/y.md", "x.md"]
+
+
 def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
