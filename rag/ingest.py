@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -287,12 +287,16 @@ def check_roots(paths: Iterable[str | Path]) -> None:
             raise RagError(f"{not_a_document(root, _printable(str(raw)))}: give a document or a folder of documents")
 
 
-def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
+def discover(paths: Iterable[str | Path], unreadable: list[str] | None = None) -> list[FoundFile]:
     """Files under each path (a folder is walked; its supported files are taken).
 
     With one folder, a file's source name is its path relative to that folder. With several,
     it starts with the folder's own name (``rootA/index.md``, ``rootB/index.md``), so files of
     the same relative path in two folders are both kept.
+
+    Args:
+        unreadable: when given, gets one line per folder that could not be listed (no permission),
+            whose files are then not found: ``ingest`` warns of them instead of saying nothing.
 
     Raises:
         RagError: a path does not exist or is neither a regular file nor a folder, or two paths would
@@ -308,13 +312,27 @@ def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
             _add(found, _found(root.resolve(), root.name))
             continue
         prefix = f"{root.resolve().name}/" if several else ""
-        for file in sorted(root.rglob("*")):
+        for file in sorted(_walk(root, unreadable)):
             rel = file.relative_to(root)
-            if any(part in SKIPPED_NAMES or part.startswith(".") for part in rel.parts):
-                continue
             if file.is_file() and file.suffix.lower() in SUPPORTED_SUFFIXES:
                 _add(found, _found(file.resolve(), prefix + rel.as_posix()))
     return sorted(found.values(), key=lambda f: f.source)
+
+
+def _walk(root: Path, unreadable: list[str] | None) -> Iterator[Path]:
+    """Every entry under ``root`` but hidden and ``SKIPPED_NAMES`` ones, as ``Path.rglob("*")``
+    gives them (symlinked folders are listed, not entered); a folder that cannot be listed is
+    reported to ``unreadable`` (``rglob`` passed over it without a word)."""
+
+    def failed(error: OSError) -> None:
+        if unreadable is not None:
+            unreadable.append(f"{_printable(str(error.filename))} ({error.strerror or error})")
+
+    for folder, folders, files in os.walk(root, onerror=failed):
+        folders[:] = [name for name in folders if name not in SKIPPED_NAMES and not name.startswith(".")]
+        for name in [*folders, *files]:
+            if name not in SKIPPED_NAMES and not name.startswith("."):
+                yield Path(folder) / name
 
 
 def _add(found: dict[str, FoundFile], file: FoundFile) -> None:
@@ -476,7 +494,8 @@ def ingest(
         raise RagError(f"unknown strategy {strategy!r}; choose one of {', '.join(chunking.STRATEGIES)}")
     started = time.perf_counter()
     name = collection or settings.collection
-    files = discover(paths)
+    unreadable: list[str] = []
+    files = discover(paths, unreadable)
     coll = open_or_create_collection(conn, name, embedder, strategy, settings.strategy)
     stored = store.document_names(conn, coll.id)
     visible = None if writer is None else set(store.visible_access_keys(conn, writer))
@@ -493,6 +512,8 @@ def ingest(
                 "to nothing (keys are paths relative to the folder, e.g. \"hr/salaries.md\", folders, e.g. \"hr/\", "
                 "or globs)"
                 for key in (acl or AclRules()).unmatched(f.source for f in files)]
+    warnings += [f"the folder {folder} cannot be read, so no file in it was ingested (nor pruned): give read "
+                 "access to it and ingest again" for folder in unreadable]
     return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, naming + warnings)
 
 

@@ -438,6 +438,30 @@ def test_prune_keeps_a_document_whose_folder_became_unreadable(
     assert sorted(d.source for d in document_statuses(conn, settings)) == ["locked/y.md", "x.md"]
 
 
+def test_a_folder_that_cannot_be_listed_is_warned_of(
+    conn: store.Connection, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # chmod 000 on a subfolder: its files were left out without a word (Path.rglob passes over a
+    # folder it may not list). (Faked: root may list anything.)
+    import os
+
+    write(tmp_path / "A", "x.md", "# X\n\nReadable.\n")
+    write(tmp_path / "A", "locked/y.md", "# Y\n\nIn a folder nobody may list.\n")
+    locked = tmp_path / "A" / "locked"
+    scandir = os.scandir
+
+    def refuse(path: Any = ".") -> Any:
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refuse)
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert [r.source for r in report.results] == ["x.md"]
+    [warning] = report.warnings
+    assert warning.startswith(f"the folder {locked} (Permission denied) cannot be read, so no file in it was ingested")
+
+
 def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
