@@ -95,12 +95,15 @@ def _without_nul(text: str) -> str:
 # "surrogatepass", so one glyph mapped to <D800> put one in a page's text. No tokenizer takes it
 # ("TextInputSequence must be str") and SQLite cannot store it, so the whole PDF failed.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# ... and a glyph mapped to <0000> a NUL, which PostgreSQL refuses in text (the run stopped there)
+# and no search finds (text files holding one are refused as binary: ``decode_text``).
+_NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
 def canonical(text: str) -> str:
-    """NFC with LF line endings: the one form every offset refers to. A lone surrogate becomes
-    U+FFFD, the replacement character, as a decoder's ``errors="replace"`` would make it."""
-    return nfc(_LONE_SURROGATE.sub("\ufffd", text.replace("\r\n", "\n").replace("\r", "\n")))
+    """NFC with LF line endings: the one form every offset refers to. A lone surrogate or a NUL
+    becomes U+FFFD, the replacement character, as a decoder's ``errors="replace"`` would make it."""
+    return nfc(_NOT_TEXT.sub("\ufffd", text.replace("\r\n", "\n").replace("\r", "\n")))
 
 
 def holds_text(text: str) -> bool:

@@ -462,6 +462,19 @@ def test_a_folder_that_cannot_be_listed_is_warned_of(
     assert warning.startswith(f"the folder {locked} (Permission denied) cannot be read, so no file in it was ingested")
 
 
+def test_a_pdf_glyph_read_as_a_nul_character_is_stored_on_either_backend(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    from .test_extract import lone_surrogate_pdf
+
+    write(tmp_path / "A", "nul.pdf", lone_surrogate_pdf().replace(b"<41> <D800>", b"<41> <0000>"))
+    write(tmp_path / "A", "ok.md", "# Ok\n\nA readable page about backups.\n")
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert report.count("ok") == 2, report.failed
+    texts = {r["source"]: r["canonical_text"] for r in store.document_rows(conn)}
+    assert texts["nul.pdf"] == "\ufffd backup policy keeps seven copies"
+
+
 def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
