@@ -93,10 +93,10 @@ def _without_nul(text: str) -> str:
 
 # A UTF-16 surrogate alone, not a character: pypdf decodes a font's ToUnicode map with
 # "surrogatepass", so one glyph mapped to <D800> put one in a page's text. No tokenizer takes it
-# ("TextInputSequence must be str") and SQLite cannot store it, so the whole PDF failed.
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-# ... and a glyph mapped to <0000> a NUL, which PostgreSQL refuses in text (the run stopped there)
-# and no search finds (text files holding one are refused as binary: ``decode_text``).
+# ("TextInputSequence must be str") and SQLite cannot store it, so the whole PDF failed. A glyph
+# mapped to <0000> put a NUL there, which PostgreSQL refuses in text (the run stopped there) and
+# no search finds (text files holding one are refused as binary: ``decode_text``). YAML reads the
+# escapes "\ud800" and "\0" as either in a front-matter title.
 _NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
@@ -167,7 +167,7 @@ def extract_markdown(path: Path, data: bytes) -> Extracted:
     _require_text(text[body_start:])
     # YAML reads the escape "\ud800" as a lone surrogate: such a title could not be stored, and
     # stopped the whole run ("surrogates not allowed")
-    title = _LONE_SURROGATE.sub("\ufffd", str(metadata.get("title") or "")).strip()
+    title = _NOT_TEXT.sub("\ufffd", str(metadata.get("title") or "")).strip()
     if not title:
         h1 = _ATX_H1.search(text, body_start)
         title = h1.group(1).strip() if h1 else _title_from_stem(path)
@@ -335,7 +335,7 @@ def extract_pdf(path: Path, data: bytes) -> Extracted:
         raise ExtractionError("the PDF has no pages")
     if not holds_text(text):
         raise ExtractionError("the PDF has no extractable text (a scanned image?); run OCR on it first")
-    title = nfc(_LONE_SURROGATE.sub("\ufffd", str(info_title)).strip()) or _title_from_stem(path)
+    title = nfc(_NOT_TEXT.sub("\ufffd", str(info_title)).strip()) or _title_from_stem(path)
     return Extracted(text, title, "pdf", EXTRACTOR_VERSIONS["pdf"], 0, tuple(pages))
 
 

@@ -405,12 +405,14 @@ def test_a_pdf_with_a_lone_surrogate_is_indexed_and_the_run_goes_on(
     assert chunk["canonical_text"].startswith("\ufffd backup policy")
 
 
+@pytest.mark.parametrize("escape", ["\\ud800", "\\0"])
 def test_a_front_matter_title_with_a_lone_surrogate_escape_does_not_stop_the_run(
-    conn: store.Connection, settings: Settings, tmp_path: Path
+    conn: store.Connection, settings: Settings, tmp_path: Path, escape: str
 ) -> None:
     # YAML reads "\ud800" as a lone surrogate; storing the title raised UnicodeEncodeError out of
-    # ingest(), so this file and every file after it were never indexed, run after run.
-    write(tmp_path / "A", "a.md", '---\ntitle: "Bad \\ud800 title"\n---\n\n# Body\n\nSome text.\n')
+    # ingest(), so this file and every file after it were never indexed, run after run. "\0" (NUL)
+    # did the same on PostgreSQL.
+    write(tmp_path / "A", "a.md", f'---\ntitle: "Bad {escape} title"\n---\n\n# Body\n\nSome text.\n')
     write(tmp_path / "A", "b.md", "# Later\n\nA later file.\n")
     report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
     assert report.count("ok") == 2
