@@ -8,6 +8,7 @@ which is stored in the database, so a citation can always be resolved to the exa
 from __future__ import annotations
 
 import io
+import logging
 import re
 import sys
 from pathlib import Path
@@ -90,9 +91,19 @@ def _without_nul(text: str) -> str:
     return text
 
 
+# A UTF-16 surrogate alone, not a character: pypdf decodes a font's ToUnicode map with
+# "surrogatepass", so one glyph mapped to <D800> put one in a page's text. No tokenizer takes it
+# ("TextInputSequence must be str") and SQLite cannot store it, so the whole PDF failed. A glyph
+# mapped to <0000> put a NUL there, which PostgreSQL refuses in text (the run stopped there) and
+# no search finds (text files holding one are refused as binary: ``decode_text``). YAML reads the
+# escapes "\ud800" and "\0" as either in a front-matter title.
+_NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
 def canonical(text: str) -> str:
-    """NFC with LF line endings: the one form every offset refers to."""
-    return nfc(text.replace("\r\n", "\n").replace("\r", "\n"))
+    """NFC with LF line endings: the one form every offset refers to. A lone surrogate or a NUL
+    becomes U+FFFD, the replacement character, as a decoder's ``errors="replace"`` would make it."""
+    return nfc(_NOT_TEXT.sub("\ufffd", text.replace("\r\n", "\n").replace("\r", "\n")))
 
 
 def holds_text(text: str) -> bool:
@@ -154,7 +165,9 @@ def extract_markdown(path: Path, data: bytes) -> Extracted:
     _require_text(text)
     metadata, body_start = split_front_matter(text)
     _require_text(text[body_start:])
-    title = str(metadata.get("title") or "").strip()
+    # YAML reads the escape "\ud800" as a lone surrogate: such a title could not be stored, and
+    # stopped the whole run ("surrogates not allowed")
+    title = _NOT_TEXT.sub("\ufffd", str(metadata.get("title") or "")).strip()
     if not title:
         h1 = _ATX_H1.search(text, body_start)
         title = h1.group(1).strip() if h1 else _title_from_stem(path)
@@ -279,8 +292,13 @@ def _converted(path: Path, lines: list[str], title: str, extractor: str) -> Extr
 def extract_pdf(path: Path, data: bytes) -> Extracted:
     """pypdf text per page, pages joined by a blank line; page spans kept for locators."""
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import DependencyError, PyPdfError
 
+    # pypdf logs what it repairs or gives up on ("EOF marker not found", "invalid pdf header"):
+    # printed under `rag ingest`'s progress bar without a file name, once per read (the language
+    # sample of a new collection reads a file twice more). A file it cannot read fails with that
+    # reason instead; what it could repair is read.
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted:
@@ -304,14 +322,20 @@ def extract_pdf(path: Path, data: bytes) -> Extracted:
         info_title = (reader.metadata.title if reader.metadata else None) or ""
     except ExtractionError:
         raise
-    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+    except DependencyError as e:  # e.g. JBIG2 images without the jbig2dec program
+        raise ExtractionError(f"the PDF cannot be read without a program that is not installed: {e}") from e
+    except NotImplementedError as e:  # pypdf: "Unsupported filter /...", a compression it does not know
+        raise ExtractionError(f"the PDF uses a feature the PDF reader does not support: {e}; save it again "
+                              "(e.g. print to PDF) and ingest the copy") from e
+    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, OSError) as e:  # PyPdfError: also
+        # LimitReachedError (an object that refers to itself) beside PdfReadError
         raise ExtractionError(f"corrupt or unreadable PDF: {type(e).__name__}: {e}") from e
     text = "".join(parts)
     if not pages:
         raise ExtractionError("the PDF has no pages")
     if not holds_text(text):
         raise ExtractionError("the PDF has no extractable text (a scanned image?); run OCR on it first")
-    title = nfc(str(info_title).strip()) or _title_from_stem(path)
+    title = nfc(_NOT_TEXT.sub("\ufffd", str(info_title)).strip()) or _title_from_stem(path)
     return Extracted(text, title, "pdf", EXTRACTOR_VERSIONS["pdf"], 0, tuple(pages))
 
 

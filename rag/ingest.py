@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -287,12 +287,16 @@ def check_roots(paths: Iterable[str | Path]) -> None:
             raise RagError(f"{not_a_document(root, _printable(str(raw)))}: give a document or a folder of documents")
 
 
-def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
+def discover(paths: Iterable[str | Path], unreadable: list[str] | None = None) -> list[FoundFile]:
     """Files under each path (a folder is walked; its supported files are taken).
 
     With one folder, a file's source name is its path relative to that folder. With several,
     it starts with the folder's own name (``rootA/index.md``, ``rootB/index.md``), so files of
     the same relative path in two folders are both kept.
+
+    Args:
+        unreadable: when given, gets one line per folder that could not be listed (no permission),
+            whose files are then not found: ``ingest`` warns of them instead of saying nothing.
 
     Raises:
         RagError: a path does not exist or is neither a regular file nor a folder, or two paths would
@@ -308,13 +312,27 @@ def discover(paths: Iterable[str | Path]) -> list[FoundFile]:
             _add(found, _found(root.resolve(), root.name))
             continue
         prefix = f"{root.resolve().name}/" if several else ""
-        for file in sorted(root.rglob("*")):
+        for file in sorted(_walk(root, unreadable)):
             rel = file.relative_to(root)
-            if any(part in SKIPPED_NAMES or part.startswith(".") for part in rel.parts):
-                continue
             if file.is_file() and file.suffix.lower() in SUPPORTED_SUFFIXES:
                 _add(found, _found(file.resolve(), prefix + rel.as_posix()))
     return sorted(found.values(), key=lambda f: f.source)
+
+
+def _walk(root: Path, unreadable: list[str] | None) -> Iterator[Path]:
+    """Every entry under ``root`` but hidden and ``SKIPPED_NAMES`` ones, as ``Path.rglob("*")``
+    gives them (symlinked folders are listed, not entered); a folder that cannot be listed is
+    reported to ``unreadable`` (``rglob`` passed over it without a word)."""
+
+    def failed(error: OSError) -> None:
+        if unreadable is not None:
+            unreadable.append(f"{_printable(str(error.filename))} ({error.strerror or error})")
+
+    for folder, folders, files in os.walk(root, onerror=failed):
+        folders[:] = [name for name in folders if name not in SKIPPED_NAMES and not name.startswith(".")]
+        for name in [*folders, *files]:
+            if name not in SKIPPED_NAMES and not name.startswith("."):
+                yield Path(folder) / name
 
 
 def _add(found: dict[str, FoundFile], file: FoundFile) -> None:
@@ -476,7 +494,8 @@ def ingest(
         raise RagError(f"unknown strategy {strategy!r}; choose one of {', '.join(chunking.STRATEGIES)}")
     started = time.perf_counter()
     name = collection or settings.collection
-    files = discover(paths)
+    unreadable: list[str] = []
+    files = discover(paths, unreadable)
     coll = open_or_create_collection(conn, name, embedder, strategy, settings.strategy)
     stored = store.document_names(conn, coll.id)
     visible = None if writer is None else set(store.visible_access_keys(conn, writer))
@@ -493,6 +512,8 @@ def ingest(
                 "to nothing (keys are paths relative to the folder, e.g. \"hr/salaries.md\", folders, e.g. \"hr/\", "
                 "or globs)"
                 for key in (acl or AclRules()).unmatched(f.source for f in files)]
+    warnings += [f"the folder {folder} cannot be read, so no file in it was ingested (nor pruned): give read "
+                 "access to it and ingest again" for folder in unreadable]
     return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, naming + warnings)
 
 
@@ -505,23 +526,28 @@ def name_warnings(stored: Mapping[str, str], files: Sequence[FoundFile]) -> list
     their shorter names. Neither is refused: a moved folder (the old file gone) is the common case
     of the first, and keeping the old name would read the access map with the wrong keys.
 
+    A file linked under a second name inside the folder (``alias.md -> a.md``) is read from one
+    path under both names in every run: that is the folder's own layout, never warned about.
+
     Args:
         stored: the collection's documents, source name -> the path each was read from.
         files: this run's files.
     """
+    names = {found.source for found in files}
     by_path: dict[str, str] = {}
     for source, path in sorted(stored.items()):
-        by_path.setdefault(path, source)
+        if source not in names:  # stored under a name this run also gives: no second copy
+            by_path.setdefault(path, source)
     warnings = []
     for found in files:
         path = str(found.path)
         old_path = stored.get(found.source)
-        if old_path is not None and old_path != path and Path(old_path).is_file():
+        if old_path is not None and old_path != path and _is_file(old_path):
             warnings.append(f"{found.source!r} is now read from {path}; the document stored under that name came "
                             f"from {old_path}, which still exists and is no longer searched. To keep both, ingest "
                             "both folders in one run, or into separate collections (--collection)")
         other = by_path.get(path)
-        if other is not None and other != found.source:
+        if other is not None:
             warnings.append(f"{path} is already stored as {other!r} (ingested together with other folders) and is "
                             f"now stored as {found.source!r} too, so searches find it twice: ingest the same "
                             f"folders together again, or delete one (rag delete {other!r})")
@@ -683,10 +709,28 @@ def prune_missing(conn: store.Connection, coll: Collection, writer: Sequence[str
     for row in store.document_rows(conn, coll.name):
         if visible is not None and row["access_key"] not in visible:
             continue
-        if not Path(row["path"]).exists():
+        if _gone(row["path"]):
             store.delete_document(conn, row["id"])
             pruned.append(FileResult(row["source"], "pruned"))
     return pruned
+
+
+def _gone(path: str | Path) -> bool:
+    """Whether the file at ``path`` no longer exists. A file that cannot be looked at (a folder on
+    its path is unreadable: ``Path.exists`` raises PermissionError) is not gone, so ``--prune``
+    keeps its document; the ingest run that cannot read it fails it with the reason instead."""
+    try:
+        return not Path(path).exists()
+    except OSError:
+        return False
+
+
+def _is_file(path: str | Path) -> bool:
+    """``Path.is_file``, False for a file that cannot be looked at (see ``_gone``)."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -838,7 +882,7 @@ def _reprocess(
         )
         store.replace_document(conn, coll, version, rows)
         return FileResult(row["source"], "ok", len(rows), sum(r.chunk.truncated for r in rows)), seconds
-    if not path.exists():
+    if _gone(path):
         reason = f"source file {path} is gone and the stored text cannot be re-extracted"
         store.record_failure(conn, coll, row["source"], row["path"], json.loads(row["groups"]) or None,
                              row["bytes_hash"] or "", row["content_hash"] or "", reason)
@@ -851,7 +895,7 @@ def _reprocess(
 def _stored_pages(conn: store.Connection, row: Any) -> tuple[Any, ...]:
     """PDF page spans are recomputed by re-extraction; chunks keep their page numbers otherwise."""
     path = Path(row["path"])
-    if path.exists():
+    if not _gone(path):
         try:
             return extract(path).pages
         except ExtractionError:
@@ -959,8 +1003,8 @@ def _sample_texts(files: Sequence[FoundFile], limit_chars: int) -> list[str]:
             break
         try:
             text = extract(found.path).text
-        except ExtractionError:
-            continue
+        except Exception:  # a file that cannot be read is left out of the sample; its own
+            continue  # ingest then fails it alone, with the reason, and the run goes on
         sample.append(text[: limit_chars - size])
         size += len(sample[-1])
     return sample

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,57 @@ def test_broken_inputs_raise_a_clear_reason(name: str, data: bytes | str | None,
     assert isinstance(data, bytes)
     with pytest.raises(ExtractionError, match=reason):
         extract(Path(name), data)
+
+
+def test_a_pdf_in_a_compression_the_reader_does_not_know_fails_with_a_reason() -> None:
+    # pypdf raises NotImplementedError ("Unsupported filter"), not one of its read errors: it escaped
+    # extract(), failed the file with a traceback, and stopped the language sampling of a new collection.
+    data = make_pdf(["Alpha page text."]).replace(b"/FlateDecode", b"/FooDecodeXY")
+    with pytest.raises(ExtractionError, match=r"does not support: Unsupported filter /FooDecodeXY"):
+        extract(Path("odd.pdf"), data)
+
+
+def test_a_damaged_pdf_prints_nothing_beside_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    # "EOF marker not found", "invalid pdf header: b'hello'": pypdf's log lines appeared under
+    # the progress bar of `rag ingest`, naming no file, three times per file in a new collection.
+    caplog.set_level(logging.WARNING)
+    for name, data in (("cut.pdf", make_pdf(["Alpha page text."])[:-40]), ("fake.pdf", b"hello, I am text")):
+        with pytest.raises(ExtractionError, match="corrupt or unreadable PDF"):
+            extract(Path(name), data)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("pypdf")] == []
+
+
+def lone_surrogate_pdf() -> bytes:
+    """A one-page PDF whose font maps "A" to <D800> (ToUnicode): pypdf reads a lone surrogate."""
+    cmap = (b"/CIDInit /ProcSet findresource begin\n12 dict begin\nbegincmap\n/CMapName /Test def\n"
+            b"1 begincodespacerange\n<00> <FF>\nendcodespacerange\n1 beginbfchar\n<41> <D800>\nendbfchar\n"
+            b"endcmap\nCMapName currentdict /CMap defineresource pop\nend\nend")
+    content = b"BT /F1 12 Tf 72 720 Td (A backup policy keeps seven copies) Tj ET"
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+               b"/Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content),
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /ToUnicode 6 0 R >>",
+               b"<< /Length %d >>\nstream\n%s\nendstream" % (len(cmap), cmap)]
+    out = io.BytesIO(b"%PDF-1.4\n")
+    out.seek(0, io.SEEK_END)
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n%s\nendobj\n" % (number, body))
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
+    out.write(b"".join(b"%010d 00000 n \n" % offset for offset in offsets))
+    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
+    return out.getvalue()
+
+
+def test_a_pdf_glyph_mapped_to_a_lone_surrogate_reads_as_a_replacement_character() -> None:
+    # The surrogate reached the tokenizer ("TypeError: TextInputSequence must be str", with a
+    # traceback) or SQLite ("surrogates not allowed", which stopped the whole run): the PDF was lost.
+    doc = extract(Path("glyph.pdf"), lone_surrogate_pdf())
+    assert doc.text == "\ufffd backup policy keeps seven copies"
+    doc.text.encode("utf-8")  # storable
 
 
 NO_TEXT = "the file holds no text (empty, or only whitespace, invisible characters or markup without a letter or digit)"

@@ -362,6 +362,121 @@ def test_a_second_folder_with_the_same_names_warns_that_it_replaces_the_first(
     assert "already stored as 'A/x.md'" in again and "now stored as 'x.md' too" in again
 
 
+def test_a_file_linked_under_a_second_name_in_the_folder_warns_of_nothing_on_a_rerun(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    # /usr/share/doc ships such links (libgtk-3-0/README.md -> ../libgtk-3-common/README.md): each
+    # re-run warned that the file was "ingested together with other folders" and said to delete one.
+    write(tmp_path / "A", "a.md", "# A\n\nFolder A talks about giraffes.\n")
+    (tmp_path / "A" / "alias.md").symlink_to("a.md")
+    first = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert first.count("ok") == 2 and first.warnings == []
+    again = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert again.count("unchanged") == 2 and again.warnings == []
+
+
+def test_a_pdf_the_reader_cannot_decode_fails_alone_in_a_new_auto_collection(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    from rag.ingest import choose_embedder
+
+    from .test_extract import make_pdf
+
+    write(tmp_path / "A", "odd.pdf", make_pdf(["Alpha page text."]).replace(b"/FlateDecode", b"/FooDecodeXY"))
+    write(tmp_path / "A", "ok.md", "# Ok\n\nA readable page about backups.\n")
+    # the language sample of a new collection ("auto") read the PDF first, and the run stopped there
+    assert choose_embedder(conn, [tmp_path / "A"], requested="auto", settings=settings).embedder_id
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    [failed] = report.failed
+    assert failed.source == "odd.pdf" and report.count("ok") == 1
+    assert (failed.error or "").startswith("the PDF uses a feature the PDF reader does not support")
+
+
+def test_a_pdf_with_a_lone_surrogate_is_indexed_and_the_run_goes_on(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    from .test_extract import lone_surrogate_pdf
+
+    write(tmp_path / "A", "glyph.pdf", lone_surrogate_pdf())
+    write(tmp_path / "A", "ok.md", "# Ok\n\nA readable page about backups.\n")
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert report.count("ok") == 2, report.failed
+    [chunk] = [r for r in store.document_rows(conn) if r["source"] == "glyph.pdf"]
+    assert chunk["canonical_text"].startswith("\ufffd backup policy")
+
+
+@pytest.mark.parametrize("escape", ["\\ud800", "\\0"])
+def test_a_front_matter_title_with_a_lone_surrogate_escape_does_not_stop_the_run(
+    conn: store.Connection, settings: Settings, tmp_path: Path, escape: str
+) -> None:
+    # YAML reads "\ud800" as a lone surrogate; storing the title raised UnicodeEncodeError out of
+    # ingest(), so this file and every file after it were never indexed, run after run. "\0" (NUL)
+    # did the same on PostgreSQL.
+    write(tmp_path / "A", "a.md", f'---\ntitle: "Bad {escape} title"\n---\n\n# Body\n\nSome text.\n')
+    write(tmp_path / "A", "b.md", "# Later\n\nA later file.\n")
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert report.count("ok") == 2
+    assert {r["source"]: r["title"] for r in store.document_rows(conn)}["a.md"] == "Bad \ufffd title"
+
+
+def test_prune_keeps_a_document_whose_folder_became_unreadable(
+    conn: store.Connection, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # chmod 000 on a folder already ingested: Path.exists() of its files raises PermissionError
+    # (not False), and `rag ingest --prune` stopped with a traceback. (Faked: root reads anything.)
+    write(tmp_path / "A", "x.md", "# X\n\nReadable.\n")
+    locked = write(tmp_path / "A", "locked/y.md", "# Y\n\nIn a folder that becomes unreadable.\n").resolve()
+    ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    exists = Path.exists
+
+    def no_entry(path: Path) -> bool:
+        if path == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return exists(path)
+
+    monkeypatch.setattr(Path, "exists", no_entry)
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder(), prune=True)
+    assert report.count("pruned") == 0
+    assert sorted(d.source for d in document_statuses(conn, settings)) == ["locked/y.md", "x.md"]
+
+
+def test_a_folder_that_cannot_be_listed_is_warned_of(
+    conn: store.Connection, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # chmod 000 on a subfolder: its files were left out without a word (Path.rglob passes over a
+    # folder it may not list). (Faked: root may list anything.)
+    import os
+
+    write(tmp_path / "A", "x.md", "# X\n\nReadable.\n")
+    write(tmp_path / "A", "locked/y.md", "# Y\n\nIn a folder nobody may list.\n")
+    locked = tmp_path / "A" / "locked"
+    scandir = os.scandir
+
+    def refuse(path: Any = ".") -> Any:
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refuse)
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert [r.source for r in report.results] == ["x.md"]
+    [warning] = report.warnings
+    assert warning.startswith(f"the folder {locked} (Permission denied) cannot be read, so no file in it was ingested")
+
+
+def test_a_pdf_glyph_read_as_a_nul_character_is_stored_on_either_backend(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    from .test_extract import lone_surrogate_pdf
+
+    write(tmp_path / "A", "nul.pdf", lone_surrogate_pdf().replace(b"<41> <D800>", b"<41> <0000>"))
+    write(tmp_path / "A", "ok.md", "# Ok\n\nA readable page about backups.\n")
+    report = ingest(conn, [tmp_path / "A"], settings=settings, embedder=FakeEmbedder())
+    assert report.count("ok") == 2, report.failed
+    texts = {r["source"]: r["canonical_text"] for r in store.document_rows(conn)}
+    assert texts["nul.pdf"] == "\ufffd backup policy keeps seven copies"
+
+
 def test_a_writer_cannot_replace_or_prune_a_document_they_may_not_read(
     conn: store.Connection, settings: Settings, tmp_path: Path
 ) -> None:
