@@ -123,7 +123,9 @@ def _require_text(text: str) -> None:
 
 
 def _title_from_stem(path: Path) -> str:
-    return re.sub(r"[-_]+", " ", path.stem).strip().capitalize() or path.name
+    """The file name made a title: "leave-policy.md" -> "Leave policy"; a newline or tab in the name
+    is a space, as no title shows one."""
+    return re.sub(r"[-_\s]+", " ", path.stem).strip().capitalize() or path.name
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any], int]:
@@ -209,6 +211,26 @@ def _page_chrome(root: Any) -> list[Any]:
     return [tag for tag in unique if not any(id(parent) in ids for parent in tag.parents)]
 
 
+def _html_text(data: bytes) -> str:
+    """An HTML page's text: UTF-8 or UTF-16 as any text file, else the encoding the page declares
+    (``<meta charset="iso-8859-1">``, or the http-equiv Content-Type), as a browser reads it. Old
+    manuals are often Latin-1 or Windows-1258 and say so; only a page that declares nothing, or
+    declares what its bytes are not, is refused."""
+    from bs4.dammit import EncodingDetector
+
+    try:
+        return decode_text(data)
+    except ExtractionError as error:
+        declared = EncodingDetector.find_declared_encoding(data, is_html=True, search_entire_document=False)
+        if not declared or declared.lower().replace("_", "-") in ("utf-8", "utf8"):
+            raise
+        try:
+            return _without_nul(data.decode(declared))
+        except (LookupError, UnicodeDecodeError):
+            raise ExtractionError(f"{error}; the page declares {declared!r}, which does not decode it "
+                                  "either") from error
+
+
 def extract_html(path: Path, data: bytes) -> Extracted:
     """HTML -> Markdown-like text (headings as '#', list items as '- ', blocks split by blank lines).
 
@@ -217,7 +239,7 @@ def extract_html(path: Path, data: bytes) -> Extracted:
     """
     from bs4 import BeautifulSoup, Comment, Declaration, Doctype, NavigableString, ProcessingInstruction, Tag
 
-    soup = BeautifulSoup(decode_text(data), "html.parser")
+    soup = BeautifulSoup(_html_text(data), "html.parser")
     title_tag = soup.find("title")
     title = title_tag.get_text(" ", strip=True) if title_tag else ""
     for dead in soup(["script", "style", "noscript", "template", "head"]):

@@ -458,3 +458,26 @@ def test_code_paragraphs_become_one_fenced_block_with_their_indentation() -> Non
 
     assert extract(Path("code.docx"), make_docx(word)).text == expected
     assert extract(Path("code.odt"), make_odt(writer)).text == expected
+
+
+@pytest.mark.parametrize(
+    ("head", "body", "text"),
+    [
+        ('<meta charset="iso-8859-1">', "Caf\xe9 cr\xe8me".encode("latin-1"), "Café crème"),
+        ('<meta http-equiv="Content-Type" content="text/html; charset=windows-1258">',
+         unicodedata.normalize("NFD", "Nghỉ phép").encode("cp1258"), "Nghỉ phép"),  # tones as combining marks
+    ],
+)
+def test_an_html_page_in_the_encoding_it_declares_is_read(head: str, body: bytes, text: str) -> None:
+    data = f"<html><head>{head}<title>T</title></head><body><p>".encode("ascii") + body + b"</p></body></html>"
+    assert extract(Path("old.html"), data).text == f"{text}\n"
+
+
+def test_an_html_page_that_declares_nothing_or_utf8_wrongly_is_still_refused() -> None:
+    for head in (b"", b'<meta charset="utf-8">'):
+        with pytest.raises(ExtractionError, match="not UTF-8"):
+            extract(Path("old.html"), b"<html><head>" + head + b"</head><body>caf\xe9</body></html>")
+
+
+def test_a_title_made_from_a_file_name_holds_no_newline() -> None:
+    assert extract(Path("two\nlines\tname.txt"), b"plain words.\n").title == "Two lines name"
