@@ -62,6 +62,12 @@ class Settings:
     ingest_roots: str = "~"
     chunk_tokens: int = 0  # chunk budget in the embedder's tokens, header included; 0 = model default
     embed_batch: int = 32  # passages per embedding call
+    # A document longer than this fails alone with the reason (0: no limit). Chunking and embedding
+    # hold a document whole, ~23 bytes of memory per character (a 50 MB text file peaked at 1.15 GB
+    # and would take ~27 minutes to embed, committed at the end), so a stray 1 GB log or dump would
+    # exhaust the machine's memory and stop every later run at the same file. 20 million characters
+    # is ten long books: ~20,000 passages.
+    max_document_chars: int = 20_000_000
     # --- retrieval ---
     candidates: int = 50  # top N taken from each branch before fusion
     rrf_k: int = 60  # reciprocal rank fusion constant (Cormack et al. 2009)
@@ -279,6 +285,8 @@ def validate(settings: Settings) -> Settings:
                  "hamming_oversample", "session_idle_minutes", "lockout_failures", "lockout_minutes"):
         if getattr(settings, name) < 1:
             raise RagError(f"{name} must be at least 1 (got {getattr(settings, name)})")
+    if settings.max_document_chars < 0:
+        raise RagError(f"max_document_chars must be 0 (no limit) or more (got {settings.max_document_chars})")
     if settings.audit_retention_days < 0:
         raise RagError("audit_retention_days must be 0 (keep everything) or more "
                        f"(got {settings.audit_retention_days})")

@@ -603,6 +603,10 @@ def ingest_file(
     # The permissions a failure can rely on: the access map's, else none (the old version, if
     # any, is then withheld from every reader until the file can be read again).
     known_groups = acl.groups_for(source)
+    too_long = _too_long_to_read(found.path, settings.max_document_chars) if data is None else None
+    if too_long is not None:  # refused before its bytes fill the memory
+        store.record_failure(conn, coll, source, str(found.path), known_groups, "", "", too_long)
+        return FileResult(source, "failed", error=too_long), 0.0
     try:
         data = found.path.read_bytes() if data is None else data
     except OSError as e:
@@ -625,6 +629,9 @@ def ingest_file(
             return _refresh_groups(conn, coll, existing, source, acl), 0.0
     try:
         doc = extract(found.path, data)
+        if settings.max_document_chars and len(doc.text) > settings.max_document_chars:
+            raise ExtractionError(f"the document holds {len(doc.text):,} characters, more than "
+                                  f"max_document_chars = {settings.max_document_chars:,}: {_SPLIT_IT}")
         groups = groups_for(source, acl, doc.metadata)
         known_groups = groups
         rows, seconds = prepare_chunks(doc, coll.strategy, budget, embedder, settings.embed_batch,
@@ -648,6 +655,24 @@ def ingest_file(
     store.replace_document(conn, coll, version, rows)
     again = existing is not None and existing["status"] == "ok" and existing["bytes_hash"] == bytes_hash
     return FileResult(source, "ok", len(rows), sum(r.chunk.truncated for r in rows), reprocessed=again), seconds
+
+
+_SPLIT_IT = "split it, or raise the limit (max_document_chars in rag.toml, or RAG_MAX_DOCUMENT_CHARS)"
+
+
+def _too_long_to_read(path: Path, limit: int) -> str | None:
+    """Why a text file is refused unread: UTF-8 takes at most 4 bytes a character, so a Markdown, text
+    or HTML file of more than 4 x ``limit`` bytes holds more than ``limit`` characters. Other formats
+    (a PDF of scanned pages) can be large with little text: their text is measured once extracted."""
+    if not limit or SUPPORTED_SUFFIXES.get(path.suffix.lower()) not in ("markdown", "text", "html"):
+        return None
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None  # the read that follows says why
+    if size <= 4 * limit:
+        return None
+    return f"the file is {size / 1e6:,.0f} MB of text, more than max_document_chars = {limit:,} allows: {_SPLIT_IT}"
 
 
 def _junk(row: Any) -> bool:

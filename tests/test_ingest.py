@@ -613,3 +613,30 @@ def test_word_and_opendocument_files_are_ingested_with_their_headings(
     assert "Per diem" in sections["The daily allowance is 40 euros."]
     assert "Nghỉ phép" in sections["Mỗi năm có 12 ngày nghỉ phép."]
     assert ingest(conn, [root], settings=settings, embedder=embedder).count("unchanged") == 2
+
+
+def test_a_document_longer_than_max_document_chars_fails_alone(
+    conn: store.Connection, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "long"
+    write(root, "short.md", "# Short\n\nA few words.\n")
+    write(root, "long.md", "# Long\n\n" + "word " * 40 + "\n")  # 209 characters, 209 bytes
+    write(root, "huge.txt", "x" * 1000)  # more than 4 x 100 bytes: refused before it is read
+    read = Path.read_bytes
+
+    def read_bytes(path: Path) -> bytes:
+        assert path.name != "huge.txt", "a file too long to index was read"
+        return read(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    report = ingest(conn, [root], settings=settings.replace(max_document_chars=100), embedder=FakeEmbedder())
+    errors = {r.source: r.error for r in report.results}
+    assert report.count("ok") == 1 and errors["short.md"] is None
+    assert errors["long.md"] == ("the document holds 209 characters, more than max_document_chars = 100: split it, "
+                                 "or raise the limit (max_document_chars in rag.toml, or RAG_MAX_DOCUMENT_CHARS)")
+    assert (errors["huge.txt"] or "").startswith("the file is 0 MB of text, more than max_document_chars = 100")
+    assert statuses(conn, settings) == {"short.md": "ok", "long.md": "failed", "huge.txt": "failed"}
+    monkeypatch.setattr(Path, "read_bytes", read)
+    unlimited = ingest(conn, [root], settings=settings.replace(max_document_chars=0), embedder=FakeEmbedder(),
+                       retry_failed=True)
+    assert unlimited.count("failed") == 0
