@@ -108,6 +108,7 @@ with ui.frame("upload") as view:
                 report = ingest(
                     view.conn, paths, settings=settings, embedder=model, collection=target,
                     retry_failed=True, on_progress=progress_callback("Ingest"), writer=view.scope,
+                    within=None if upload_clicked else ingest_roots(settings),
                 )
                 ui.report_messages(report)
                 view.audit("ingest", {"collection": target, "from": "upload" if upload_clicked else "folder",

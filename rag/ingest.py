@@ -478,6 +478,7 @@ def ingest(
     retry_failed: bool = False,
     on_progress: ProgressFn | None = None,
     writer: Sequence[str] | None = None,
+    within: Sequence[Path] | None = None,
 ) -> IngestReport:
     """Bring a collection up to date with the files under ``paths``.
 
@@ -489,6 +490,9 @@ def ingest(
         writer: the groups of the person ingesting (team mode's editor on the Documents page);
             a file named like a stored document they may not read fails alone and leaves that
             document as it is, and prune spares such documents. None: the operator (every document).
+        within: the folders files may be read from, links followed (the app's ``ingest_roots``): a
+            file linked from inside a folder to a file outside them is not read, and is warned of.
+            None: any (the command line).
     """
     if strategy is not None and strategy not in chunking.STRATEGIES:
         raise RagError(f"unknown strategy {strategy!r}; choose one of {', '.join(chunking.STRATEGIES)}")
@@ -496,6 +500,12 @@ def ingest(
     name = collection or settings.collection
     unreadable: list[str] = []
     files = discover(paths, unreadable)
+    outside: list[FoundFile] = []
+    if within is not None:
+        roots = [Path(root).resolve() for root in within]
+        inside = [any(root == f.path or root in f.path.parents for root in roots) for f in files]
+        outside = [f for f, ok in zip(files, inside, strict=True) if not ok]
+        files = [f for f, ok in zip(files, inside, strict=True) if ok]
     coll = open_or_create_collection(conn, name, embedder, strategy, settings.strategy)
     stored = store.document_names(conn, coll.id)
     visible = None if writer is None else set(store.visible_access_keys(conn, writer))
@@ -514,6 +524,8 @@ def ingest(
                 for key in (acl or AclRules()).unmatched(f.source for f in files)]
     warnings += [f"the folder {folder} cannot be read, so no file in it was ingested (nor pruned): give read "
                  "access to it and ingest again" for folder in unreadable]
+    warnings += [f"{f.source!r} links to {_printable(str(f.path))}, outside the folders the app may read "
+                 "(ingest_roots), so it was not read" for f in outside]
     return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, naming + warnings)
 
 

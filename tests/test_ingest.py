@@ -640,3 +640,20 @@ def test_a_document_longer_than_max_document_chars_fails_alone(
     unlimited = ingest(conn, [root], settings=settings.replace(max_document_chars=0), embedder=FakeEmbedder(),
                        retry_failed=True)
     assert unlimited.count("failed") == 0
+
+
+def test_a_file_linked_out_of_the_apps_ingest_roots_is_not_read(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    allowed, elsewhere = tmp_path / "allowed", tmp_path / "elsewhere"
+    write(allowed, "notes.md", "# Notes\n\nPublic notes.\n")
+    secret = write(elsewhere, "secret.md", "# Secret\n\nThe salary table.\n")
+    (allowed / "leak.md").symlink_to(secret)
+    (allowed / "again.md").symlink_to(allowed / "notes.md")  # a link that stays inside is read
+    report = ingest(conn, [allowed], settings=settings, embedder=FakeEmbedder(), within=[allowed])
+    assert statuses(conn, settings) == {"notes.md": "ok", "again.md": "ok"}
+    assert any(w.startswith("'leak.md' links to") and "outside the folders the app may read" in w
+               for w in report.warnings)
+    # the command line reads what the folder links to, as before
+    ingest(conn, [allowed], settings=settings, embedder=FakeEmbedder())
+    assert statuses(conn, settings)["leak.md"] == "ok"
