@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import time
+from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -54,6 +55,7 @@ class IngestReport:
     embed_seconds: float = 0.0
     chunks_embedded: int = 0
     warnings: list[str] = field(default_factory=list)  # ignored or unmatched permission inputs
+    skipped: dict[str, int] = field(default_factory=dict)  # files of no supported type, by extension
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -73,8 +75,18 @@ class IngestReport:
             f"{self.count('groups')} permissions updated, {self.count('failed')} failed, "
             f"{self.count('pruned')} pruned; {self.chunks_embedded} chunks embedded "
             f"({self.truncated} truncated) in {self.seconds:.1f} s ({rate:.1f} chunks/s)"
-            + self._why_reprocessed()
+            + self._why_reprocessed() + self._skipped()
         )
+
+    def _skipped(self) -> str:
+        """The files a folder holds that are no document type, so that "0 files" of a folder of
+        .gz archives says why: "; 3 other files skipped (.gz 2, no extension 1)"."""
+        if not self.skipped:
+            return ""
+        kinds = sorted(self.skipped.items(), key=lambda kv: (-kv[1], kv[0]))
+        shown = ", ".join(f"{kind or 'no extension'} {n}" for kind, n in kinds[:4])
+        more = ", …" if len(kinds) > 4 else ""
+        return f"; {sum(self.skipped.values())} other files skipped ({shown}{more})"
 
     def _why_reprocessed(self) -> str:
         again = sum(r.reprocessed for r in self.results)
@@ -287,7 +299,9 @@ def check_roots(paths: Iterable[str | Path]) -> None:
             raise RagError(f"{not_a_document(root, _printable(str(raw)))}: give a document or a folder of documents")
 
 
-def discover(paths: Iterable[str | Path], unreadable: list[str] | None = None) -> list[FoundFile]:
+def discover(
+    paths: Iterable[str | Path], unreadable: list[str] | None = None, skipped: Counter[str] | None = None
+) -> list[FoundFile]:
     """Files under each path (a folder is walked; its supported files are taken).
 
     With one folder, a file's source name is its path relative to that folder. With several,
@@ -297,6 +311,8 @@ def discover(paths: Iterable[str | Path], unreadable: list[str] | None = None) -
     Args:
         unreadable: when given, gets one line per folder that could not be listed (no permission),
             whose files are then not found: ``ingest`` warns of them instead of saying nothing.
+        skipped: when given, counts the files of a walked folder that are of no supported type, by
+            their lower-cased extension ("" for none).
 
     Raises:
         RagError: a path does not exist or is neither a regular file nor a folder, or two paths would
@@ -316,6 +332,8 @@ def discover(paths: Iterable[str | Path], unreadable: list[str] | None = None) -
             rel = file.relative_to(root)
             if file.is_file() and file.suffix.lower() in SUPPORTED_SUFFIXES:
                 _add(found, _found(file.resolve(), prefix + rel.as_posix()))
+            elif skipped is not None and file.is_file():
+                skipped[file.suffix.lower()] += 1
     return sorted(found.values(), key=lambda f: f.source)
 
 
@@ -499,7 +517,8 @@ def ingest(
     started = time.perf_counter()
     name = collection or settings.collection
     unreadable: list[str] = []
-    files = discover(paths, unreadable)
+    skipped: Counter[str] = Counter()
+    files = discover(paths, unreadable, skipped)
     outside: list[FoundFile] = []
     if within is not None:
         roots = [Path(root).resolve() for root in within]
@@ -526,7 +545,8 @@ def ingest(
                  "access to it and ingest again" for folder in unreadable]
     warnings += [f"{f.source!r} links to {_printable(str(f.path))}, outside the folders the app may read "
                  "(ingest_roots), so it was not read" for f in outside]
-    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, naming + warnings)
+    return IngestReport(name, results, time.perf_counter() - started, embed_seconds, embedded, naming + warnings,
+                        dict(skipped))
 
 
 def name_warnings(stored: Mapping[str, str], files: Sequence[FoundFile]) -> list[str]:

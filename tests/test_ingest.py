@@ -657,3 +657,16 @@ def test_a_file_linked_out_of_the_apps_ingest_roots_is_not_read(
     # the command line reads what the folder links to, as before
     ingest(conn, [allowed], settings=settings, embedder=FakeEmbedder())
     assert statuses(conn, settings)["leak.md"] == "ok"
+
+
+def test_the_summary_says_how_many_files_of_no_supported_type_were_skipped(
+    conn: store.Connection, settings: Settings, tmp_path: Path
+) -> None:
+    root = tmp_path / "doc"
+    write(root, "changelog.Debian.gz", b"\x1f\x8b compressed")
+    write(root, "NEWS.gz", b"\x1f\x8b compressed")
+    write(root, "copyright", "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n")
+    write(root, "README.md", "# Readme\n\nHello.\n")
+    report = ingest(conn, [root], settings=settings, embedder=FakeEmbedder())
+    assert report.skipped == {".gz": 2, "": 1}
+    assert report.summary().endswith("; 3 other files skipped (.gz 2, no extension 1)")
