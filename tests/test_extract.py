@@ -214,15 +214,19 @@ def test_a_pdf_without_a_letter_or_digit_has_no_extractable_text() -> None:
         extract(Path("dots.pdf"), make_pdf(["- . -"]))
 
 
+def _written(document: Any, build: Any, save: Any) -> bytes:
+    """``document`` shaped by ``build`` and written by ``save(document, file)``, as bytes."""
+    build(document)
+    out = io.BytesIO()
+    save(document, out)
+    return out.getvalue()
+
+
 def make_docx(build: Any) -> bytes:
     """A .docx written by python-docx (its default template is one Word saved), shaped by ``build``."""
     from docx import Document
 
-    document = Document()
-    build(document)
-    out = io.BytesIO()
-    document.save(out)
-    return out.getvalue()
+    return _written(Document(), build, lambda document, out: document.save(out))
 
 
 def _body_xml(document: Any, xml: str) -> None:
@@ -302,13 +306,10 @@ def test_docx_headings_by_outline_level_and_custom_styles_based_on_headings() ->
 
 
 def make_odt(build: Any) -> bytes:
+    """An .odt written by odfpy, shaped by ``build``."""
     from odf.opendocument import OpenDocumentText
 
-    document = OpenDocumentText()
-    build(document)
-    out = io.BytesIO()
-    document.write(out)
-    return out.getvalue()
+    return _written(OpenDocumentText(), build, lambda document, out: document.write(out))
 
 
 def test_odt_becomes_markdown_like_blocks() -> None:
