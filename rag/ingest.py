@@ -635,8 +635,12 @@ def ingest_file(
     # The permissions a failure can rely on: the access map's, else none (the old version, if
     # any, is then withheld from every reader until the file can be read again).
     known_groups = acl.groups_for(source)
-    too_long = _too_long_to_read(found.path, settings.max_document_chars) if data is None else None
-    if too_long is not None:  # refused before its bytes fill the memory
+    existing = store.find_document(conn, coll.id, source)
+    # A new text file too long to index is refused before its bytes fill the memory; one indexed
+    # before (under a higher limit, or none) is read, so that it stays as it is while unchanged.
+    indexed = existing is not None and existing["status"] == "ok"
+    too_long = None if data is not None or indexed else _too_long_to_read(found.path, settings.max_document_chars)
+    if too_long is not None:
         store.record_failure(conn, coll, source, str(found.path), known_groups, "", "", too_long)
         return FileResult(source, "failed", error=too_long), 0.0
     try:
@@ -651,7 +655,6 @@ def ingest_file(
     except ExtractionError as e:
         return FileResult(source, "failed", error=str(e)), 0.0
     wanted_hash = content_hash(bytes_hash, embedder.model_id, pipeline, kind)
-    existing = store.find_document(conn, coll.id, source)
     if existing is not None and existing["content_hash"] == wanted_hash:
         if existing["status"] == "failed" and not retry_failed:
             return FileResult(source, "failed", error=existing["error"]), 0.0

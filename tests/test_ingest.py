@@ -640,6 +640,9 @@ def test_a_document_longer_than_max_document_chars_fails_alone(
     unlimited = ingest(conn, [root], settings=settings.replace(max_document_chars=0), embedder=FakeEmbedder(),
                        retry_failed=True)
     assert unlimited.count("failed") == 0
+    # indexed under a higher limit (or by a version without one), an unchanged document stays
+    again = ingest(conn, [root], settings=settings.replace(max_document_chars=100), embedder=FakeEmbedder())
+    assert again.count("unchanged") == 3 and set(statuses(conn, settings).values()) == {"ok"}
 
 
 def test_a_file_linked_out_of_the_apps_ingest_roots_is_not_read(
