@@ -170,8 +170,6 @@ def _ask_stream(
     resources: Resources,
 ) -> Iterator[str | Retrieved | Answer]:
     timings: dict[str, float] = {}
-    asked_language = language
-    language = language or detect_language(question)
     coll = store.get_collection(conn, collection)
     if embedder is None:
         embedder = resources.collection_embedder(conn, collection)
@@ -209,8 +207,7 @@ def _ask_stream(
     # answer is in its language, and the decision, the quote and the model read it, not the keystrokes
     # ("mays in bij ketj" reads as English with no word a passage holds). The answer keeps the typed one.
     understood = spelled.text if spelled.keyboard else question
-    if spelled.keyboard:
-        language = asked_language or detect_language(understood)
+    language = language or detect_language(understood)
     trace: dict[str, Any] = {
         "threshold": threshold,
         "max_sources": settings.max_sources,
